@@ -1,0 +1,142 @@
+"""
+### llm_finetune
+
+Labelled text in Spark -> quality gate -> Arrow dataset -> LoRA fine-tuning -> evaluation
+against the champion -> MLflow aliases `candidate` -> `staging` -> `champion`.
+
+Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
+package. XCom carries ids, URIs, fingerprints and counts only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+from sparktune_airflow import (
+    EvaluateModelOperator,
+    MaterializeDatasetOperator,
+    PrepareDataOperator,
+    PromoteModelOperator,
+    PromotionGateOperator,
+    RegisterModelOperator,
+    ResolveBaseModelOperator,
+    SparkQualityGateOperator,
+    TrainModelOperator,
+    ValidateParamsOperator,
+)
+from sparktune_airflow.params import trigger_form_params
+
+
+def _xcom(task_id: str, key: str | None = None) -> str:
+    item = f"['{key}']" if key else ""
+    return f"{{{{ ti.xcom_pull(task_ids='{task_id}'){item} }}}}"
+
+
+with DAG(
+    dag_id="llm_finetune",
+    description="Fine-tune an LLM on labelled text from Spark and promote it through MLflow aliases",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["llm", "fine-tuning", "spark", "mlflow", "great-expectations"],
+    params=trigger_form_params(),
+    render_template_as_native_obj=True,
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    },
+    doc_md=__doc__,
+) as dag:
+    validate_params = ValidateParamsOperator(task_id="validate_params")
+
+    resolve_base_model = ResolveBaseModelOperator(
+        task_id="resolve_base_model", base_model="{{ params.base_model }}"
+    )
+
+    prepare_data = PrepareDataOperator(task_id="prepare_data", tokenizer=_xcom("resolve_base_model"))
+
+    validate_data = SparkQualityGateOperator(
+        task_id="validate_data",
+        prepared_uri=_xcom("prepare_data", "prepared_uri"),
+        source_uri=_xcom("prepare_data", "source_uri"),
+    )
+
+    materialize_dataset = MaterializeDatasetOperator(
+        task_id="materialize_dataset",
+        prepared_uri=_xcom("prepare_data", "prepared_uri"),
+        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+        labels=_xcom("prepare_data", "labels"),
+    )
+
+    train = TrainModelOperator(
+        task_id="train",
+        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
+        base_model=_xcom("resolve_base_model"),
+        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+    )
+
+    register = RegisterModelOperator(
+        task_id="register",
+        run_id=_xcom("train", "mlflow_run_id"),
+        model_name="{{ params.model_name }}",
+        tags={
+            "fine_tuned_on": _xcom("prepare_data", "prepared_uri"),
+            "data_fingerprint": _xcom("prepare_data", "data_fingerprint"),
+            "base_model": "{{ params.base_model }}",
+            "airflow_dag_id": "{{ dag.dag_id }}",
+            "airflow_run_id": "{{ run_id }}",
+        },
+        run_artifacts={
+            "prepare_summary": _xcom("prepare_data"),
+            "quality_summary": _xcom("validate_data"),
+            "dataset_summary": _xcom("materialize_dataset"),
+        },
+        run_files={"data_docs": _xcom("validate_data", "validation_pages")},
+    )
+
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate",
+        model_name="{{ params.model_name }}",
+        version=_xcom("register", "version"),
+        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
+        run_id=_xcom("train", "mlflow_run_id"),
+    )
+
+    gate = PromotionGateOperator(
+        task_id="gate", evaluation=_xcom("evaluate"), run_id=_xcom("train", "mlflow_run_id")
+    )
+
+    promote_staging = PromoteModelOperator(
+        task_id="promote_staging",
+        model_name="{{ params.model_name }}",
+        version=_xcom("register", "version"),
+        alias="staging",
+        reason="passed the gate in {{ run_id }}",
+    )
+
+    promote_champion = PromoteModelOperator(
+        task_id="promote_champion",
+        model_name="{{ params.model_name }}",
+        version=_xcom("register", "version"),
+        alias="champion",
+        expected_champion=_xcom("gate", "champion_version"),
+        reason="passed the gate in {{ run_id }}",
+    )
+
+    (
+        validate_params
+        >> resolve_base_model
+        >> prepare_data
+        >> validate_data
+        >> materialize_dataset
+        >> train
+        >> register
+        >> evaluate
+        >> gate
+        >> promote_staging
+        >> promote_champion
+    )

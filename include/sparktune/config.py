@@ -1,0 +1,77 @@
+"""Where the embedded state lives, read from the environment in one place.
+
+Everything the demo and the tests write goes under one folder, ``SPARKTUNE_HOME``
+(``.local`` in the current directory by default), so that deleting it resets the
+project. Scale-out deployments point the individual settings elsewhere
+(``MLFLOW_TRACKING_URI``, ``SPARKTUNE_LAKE_URI``) without touching code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+HOME_ENV = "SPARKTUNE_HOME"
+LAKE_ENV = "SPARKTUNE_LAKE_URI"
+DEFAULT_MODEL_NAME = "support-intent"
+# The name a user types in the trigger form to get the built-in tiny base model.
+TINY_BASE_MODEL = "tiny-llama"
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.home / "airflow"
+
+    @property
+    def data_dir(self) -> Path:
+        """Raw source files (the demo generator writes here)."""
+        return self.home / "data"
+
+    @property
+    def lake_uri(self) -> str:
+        """Root of prepared data, quarantine and datasets; any URI driver and executors share."""
+        return os.environ.get(LAKE_ENV) or str(self.home / "lake")
+
+    @property
+    def models_dir(self) -> Path:
+        """Base models built here (the tiny default) and training outputs."""
+        return self.home / "models"
+
+    @property
+    def gx_root(self) -> Path:
+        return self.home / "gx"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.home / "mlflow"
+
+    @property
+    def mlflow_tracking_uri(self) -> str:
+        return os.environ.get("MLFLOW_TRACKING_URI") or self.embedded_mlflow_uri
+
+    @property
+    def embedded_mlflow_uri(self) -> str:
+        """The SQLite store under this home, whatever the environment says."""
+        return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}"
+
+    @property
+    def mlflow_artifact_root(self) -> str:
+        return os.environ.get("SPARKTUNE_MLFLOW_ARTIFACTS") or (self.mlflow_dir / "artifacts").as_uri()
+
+    @property
+    def demo_source_path(self) -> Path:
+        return self.data_dir / "support_tickets.jsonl"
+
+    @property
+    def tiny_base_model_dir(self) -> Path:
+        return self.models_dir / "base" / TINY_BASE_MODEL
+
+
+def settings() -> Settings:
+    """Settings for this process, read from the environment each call (tests change it)."""
+    return Settings(home=Path(os.environ.get(HOME_ENV, ".local")).expanduser().resolve())

@@ -1,0 +1,104 @@
+"""Content fingerprints: what names a data version in the lake, the dataset cache and MLflow.
+
+A fingerprint depends on WHAT the data is, never on how Spark happens to hold it: the same rows
+in any order or partitioning give the same value (unlike the plan's ``semanticHash``, which
+changes with the plan and stays the same when the files under it change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from sparktune.params import PipelineParams
+
+# Bump when the recipe changes meaning without any param changing, so old versions are not reused.
+RECIPE_VERSION = 1
+# The params that change what prepare_data produces; training params must not change the data key.
+PREPARATION_PARAMS = (
+    "source_format",
+    "text_column",
+    "label_column",
+    "quality_column",
+    # The dedupe key and which duplicate is kept: both change the rows and their example_ids.
+    "id_column",
+    "timestamp_column",
+    "min_quality_score",
+    "min_chars",
+    "max_chars",
+    "max_length",
+    "split_seed",
+    "prompt_template",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+_HEX_DIGITS = 15  # 60 bits per slice: a sum over 10^12 rows still fits decimal(38, 0)
+
+
+def preparation_params(params: PipelineParams) -> dict[str, Any]:
+    return {name: getattr(params, name) for name in PREPARATION_PARAMS}
+
+
+def rows_digest(rows: DataFrame) -> dict[str, Any]:
+    """An order-independent digest of a DataFrame: row count and two sums of per-row sha256 slices.
+
+    Addition is commutative, so the digest is the same for any order or partitioning of the same
+    rows; changing any value of any row changes a sum (two 60-bit slices: collisions are out of reach).
+    """
+    from pyspark.sql import functions as F
+
+    row = F.to_json(F.struct(*[F.col(f"`{c}`") for c in sorted(rows.columns)]))
+    digest = F.sha2(row, 256)
+
+    def piece(start: int) -> Any:
+        return F.conv(F.substring(digest, start, _HEX_DIGITS), 16, 10).cast("decimal(38,0)")
+
+    result = (
+        rows.select(piece(1).alias("a"), piece(1 + _HEX_DIGITS).alias("b"))
+        .agg(F.count(F.lit(1)).alias("n"), F.sum("a").alias("a"), F.sum("b").alias("b"))
+        .first()
+    )
+    return {
+        "rows": int(result["n"]),
+        "sum_a": str(result["a"] or 0),
+        "sum_b": str(result["b"] or 0),
+        "columns": sorted(rows.columns),
+    }
+
+
+def data_fingerprint(rows: DataFrame, params: PipelineParams, tokenizer_fingerprint: str) -> str:
+    """A 20-hex-digit key of the prepared rows, the preparation params and the tokenizer."""
+    payload = {
+        "recipe": RECIPE_VERSION,
+        "rows": rows_digest(rows),
+        "params": preparation_params(params),
+        "tokenizer": tokenizer_fingerprint,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def tokenizer_fingerprint(tokenizer_path: str) -> str:
+    """A 16-hex-digit hash of the tokenizer files in a local folder, or of the id for a hub model."""
+    folder = Path(tokenizer_path).expanduser()
+    sha = hashlib.sha256()
+    found = folder.is_dir() and [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    if found:
+        for name in found:
+            sha.update(name.encode() + b"\0")
+            sha.update(hashlib.sha256((folder / name).read_bytes()).digest())
+    else:
+        # A hub id (or a folder without tokenizer files, which loading will reject anyway).
+        sha.update(b"id\0" + tokenizer_path.encode())
+    return sha.hexdigest()[:16]

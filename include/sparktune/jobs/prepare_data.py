@@ -1,0 +1,123 @@
+"""spark-submit application: prepare the training data and write a JSON summary.
+
+    spark-submit --master local[2] include/sparktune/jobs/prepare_data.py \\
+        --params-json '{"source_uri": "/data/tickets.jsonl"}' --tokenizer /models/base \\
+        --lake-uri /lake --summary-path /tmp/summary.json
+
+The master, executors and Spark conf come from spark-submit (or the Airflow Spark connection).
+Exit codes: 0 done; 2 bad params or bad data (deterministic: retrying will not help; the summary
+file then holds ``{"error": message, "kind": exception class}``); anything else is an unexpected
+failure worth a retry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+APP_NAME = "sparktune-prepare_data"
+EXIT_BAD_INPUT = 2
+log = logging.getLogger("sparktune.jobs.prepare_data")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="prepare_data", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--params-json", default="{}", help="JSON object of pipeline params (defaults fill the rest)"
+    )
+    parser.add_argument(
+        "--tokenizer", required=True, help="Local folder or hub id of the base model's tokenizer"
+    )
+    parser.add_argument(
+        "--lake-uri",
+        default=None,
+        help="Root of the lake (default: SPARKTUNE_LAKE_URI or SPARKTUNE_HOME/lake)",
+    )
+    parser.add_argument("--summary-path", default=None, help="Local path or file:// URI for the summary JSON")
+    return parser.parse_args(argv)
+
+
+def _local_path(path_or_uri: str) -> Path:
+    parsed = urlparse(path_or_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive
+        raise ValueError(f"--summary-path must be a local path or file:// URI, got {path_or_uri!r}")
+    return Path(path_or_uri)
+
+
+def write_summary(summary: dict, path_or_uri: str) -> Path:
+    """Write the summary JSON atomically: a reader never sees half a file."""
+    target = _local_path(path_or_uri)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(summary, handle, indent=2, sort_keys=True)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _bad_input(exc: Exception, summary_path: str | None) -> int:
+    """Record a deterministic input error where the submitter looks for the summary, then exit 2.
+
+    spark-submit only passes on an exit code; the record lets the Airflow operator tell bad
+    input (fail now) from a lost executor (retry) and show the user the actual message.
+    """
+    log.error("%s", exc)
+    if summary_path:
+        write_summary({"error": str(exc), "kind": type(exc).__name__}, summary_path)
+    return EXIT_BAD_INPUT
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+
+    from sparktune.params import InvalidParamsError, parse_params
+    from sparktune.prepare import DataPreparationError, run_prepare
+
+    try:
+        raw = json.loads(args.params_json)
+        if not isinstance(raw, dict):
+            raise InvalidParamsError([f"--params-json must be a JSON object, got {type(raw).__name__}"])
+        params = parse_params(raw)
+    except (json.JSONDecodeError, InvalidParamsError) as exc:
+        return _bad_input(exc, args.summary_path)
+    if args.lake_uri is None:
+        from sparktune.config import settings
+
+        args.lake_uri = settings().lake_uri
+
+    from pyspark.sql import SparkSession
+
+    # Stop only a session this call started: main() may run inside a process that owns one
+    # (a test, a notebook), and stopping that would pull it from under its owner.
+    owns_session = SparkSession.getActiveSession() is None
+    spark = SparkSession.builder.appName(APP_NAME).getOrCreate()
+    try:
+        summary = run_prepare(spark, params, args.tokenizer, args.lake_uri)
+    except DataPreparationError as exc:
+        return _bad_input(exc, args.summary_path)
+    finally:
+        if owns_session:
+            spark.stop()
+    if args.summary_path:
+        written = write_summary(summary, args.summary_path)
+        log.info("summary written to %s", written)
+    else:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,32 @@
+"""Thin, reusable Airflow operators over the ``sparktune`` domain package.
+
+Importing this package is cheap: every heavy library (pyspark, torch, mlflow, datasets,
+great_expectations) is imported inside ``execute``, so DAG files that use these operators
+parse fast and the DAG processor never loads them.
+"""
+
+from sparktune_airflow.operators import (
+    EvaluateModelOperator,
+    MaterializeDatasetOperator,
+    PrepareDataOperator,
+    PromoteModelOperator,
+    PromotionGateOperator,
+    RegisterModelOperator,
+    ResolveBaseModelOperator,
+    SparkQualityGateOperator,
+    TrainModelOperator,
+    ValidateParamsOperator,
+)
+
+__all__ = [
+    "EvaluateModelOperator",
+    "MaterializeDatasetOperator",
+    "PrepareDataOperator",
+    "PromoteModelOperator",
+    "PromotionGateOperator",
+    "RegisterModelOperator",
+    "ResolveBaseModelOperator",
+    "SparkQualityGateOperator",
+    "TrainModelOperator",
+    "ValidateParamsOperator",
+]

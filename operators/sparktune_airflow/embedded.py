@@ -1,0 +1,118 @@
+"""Run the project's DAGs on embedded defaults: one folder of state, no servers.
+
+``make demo``, ``make run`` and the end-to-end tests all come through here, so the
+environment a DAG sees in CI is the one a user sees on their laptop:
+
+- Airflow metadata in SQLite under ``$SPARKTUNE_HOME/airflow`` (``airflow dags test``);
+- Spark ``local[*]`` through the ``spark_default`` connection, defined from the environment;
+- MLflow tracking and registry in SQLite with local artifacts;
+- OpenLineage events appended to ``$SPARKTUNE_HOME/lineage/events.jsonl``.
+
+Every variable is only a default: a value already in the environment wins, which is how a
+user points the same command at a Spark cluster or an MLflow server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sparktune.config import HOME_ENV, Settings
+from sparktune.params import TINY_MODEL_RECIPE
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def embedded_env(
+    home: Path, project_root: Path = PROJECT_ROOT, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment for Airflow CLI commands on embedded defaults, over ``base`` (os.environ)."""
+    env = dict(os.environ if base is None else base)
+    settings = Settings(home=home)
+    bin_dir = str(Path(sys.executable).parent)
+    defaults = {
+        HOME_ENV: str(home),
+        "AIRFLOW_HOME": str(settings.airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(project_root / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+            {"type": "file", "log_file_path": str(home / "lineage" / "events.jsonl"), "append": True}
+        ),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "sparktune",
+        # Not settings.mlflow_tracking_uri: that reads os.environ, and only ``base`` may win here.
+        "MLFLOW_TRACKING_URI": settings.embedded_mlflow_uri,
+        # Spark's Python workers must run the venv's interpreter, or UDFs miss pyarrow/transformers.
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+    # spark-submit and airflow are console scripts of this interpreter's environment.
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    (home / "lineage").mkdir(parents=True, exist_ok=True)
+    settings.mlflow_dir.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def _airflow(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=False, **kwargs)
+
+
+def ensure_airflow_db(env: dict[str, str]) -> None:
+    """Create or upgrade the SQLite metadata database (fast when it is current)."""
+    db = Path(env["AIRFLOW_HOME"]) / "airflow.db"
+    Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
+    result = _airflow(["db", "migrate"], env, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        raise SystemExit(f"airflow db migrate failed for {db}; see the output above")
+
+
+def run_dag(dag_id: str, conf: dict, home: Path) -> int:
+    """``airflow dags test`` on embedded defaults; returns its exit code (1 when the run failed)."""
+    env = embedded_env(home)
+    ensure_airflow_db(env)
+    return _airflow(["dags", "test", dag_id, "--conf", json.dumps(conf)], env).returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparktune_airflow.embedded", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a DAG once with airflow dags test")
+    run.add_argument("--dag", default="llm_finetune")
+    run.add_argument("--conf", default="{}", help="DAG run conf as a JSON object")
+    run.add_argument(
+        "--tiny-model-recipe",
+        action="store_true",
+        help="start from the training recipe that suits the built-in tiny base model (conf wins)",
+    )
+    sub.add_parser("env", help="print the embedded environment as shell exports")
+    args = parser.parse_args(argv)
+    home = Path(os.environ.get(HOME_ENV, ".local")).expanduser().resolve()
+    if args.command == "env":
+        for key, value in sorted(embedded_env(home).items()):
+            if key.startswith(("AIRFLOW", "SPARKTUNE", "MLFLOW", "PYSPARK")):
+                print(f"export {key}={json.dumps(value)}")
+        return 0
+    try:
+        conf = json.loads(args.conf)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--conf is not valid JSON ({exc}); pass an object like '{{\"min_chars\": 30}}'")
+    if not isinstance(conf, dict):
+        parser.error('--conf must be a JSON object, e.g. \'{"source_uri": "data/tickets.csv"}\'')
+    if args.tiny_model_recipe:
+        conf = {**TINY_MODEL_RECIPE, **conf}
+    return run_dag(args.dag, conf, home)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,568 @@
+"""Operators of the fine-tuning pipeline, each a thin shell over one ``sparktune`` function.
+
+Conventions (after the Airflow providers): keyword-only arguments, ``template_fields`` for every
+value that comes from XCom or params, nothing computed from templated values in ``__init__``,
+heavy imports inside ``execute``, small JSON-able return values (ids, URIs, fingerprints and
+counts; never data). Deterministic failures (invalid params, bad data, a failed rule) raise
+``AirflowFailException`` so they fail at once instead of waiting out retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.hooks.subprocess import SubprocessHook
+from airflow.providers.standard.utils.skipmixin import SkipMixin
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from sparktune.config import settings
+from sparktune.params import InvalidParamsError, PipelineParams, parse_params
+
+
+def prepare_job_path() -> str:
+    """The spark-submit application file, wherever the sparktune package is installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sparktune.jobs.prepare_data")
+    if spec is None or spec.origin is None:
+        raise AirflowFailException("sparktune.jobs.prepare_data is not installed; pip install the project")
+    return spec.origin
+
+
+def pipeline_params(explicit: dict[str, Any] | None, context: Any) -> PipelineParams:
+    """Typed params from an explicit dict or the DAG run's params; invalid ones fail the task at once."""
+    raw = explicit if explicit is not None else dict(context["params"])
+    try:
+        return parse_params(raw)
+    except InvalidParamsError as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
+def _run_dir(context: Any) -> Path:
+    """A per-try scratch folder for request/result files exchanged with subprocesses."""
+    ti = context["ti"]
+    safe_run_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in ti.run_id)
+    path = settings().home / "runs" / ti.dag_id / safe_run_id / ti.task_id / str(ti.try_number)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _mlflow_client():
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(settings().mlflow_tracking_uri)
+    return MlflowClient()
+
+
+def _actor(context: Any) -> str:
+    ti = context["ti"]
+    return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}"
+
+
+class ValidateParamsOperator(BaseOperator):
+    """Checks every param before any work starts; the error lists all problems at once."""
+
+    template_fields: Sequence[str] = ("pipeline_params",)
+
+    def __init__(self, *, pipeline_params: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline_params = pipeline_params
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = pipeline_params(self.pipeline_params, context)
+        self.log.info("params are valid: %s", json.dumps(params.to_dict(), sort_keys=True))
+        return {"config_hash": config_hash(params)}
+
+
+def config_hash(params: PipelineParams) -> str:
+    return hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class ResolveBaseModelOperator(BaseOperator):
+    """Returns a loadable base model reference; builds the built-in tiny model once when it is asked for."""
+
+    template_fields: Sequence[str] = ("base_model",)
+
+    def __init__(self, *, base_model: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.base_model = base_model
+
+    def execute(self, context: Any) -> str:
+        from sparktune.base_model import ensure_base_model
+
+        try:
+            resolved = ensure_base_model(self.base_model)
+        except (ValueError, FileNotFoundError) as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.log.info("base model %r -> %s", self.base_model, resolved)
+        return resolved
+
+
+class PrepareDataOperator(SparkSubmitOperator):
+    """Submits the preparation job (filter, dedupe, format, count tokens, split) through spark-submit.
+
+    The job runs wherever the ``spark_default`` connection points (``local[*]``, a standalone
+    master, YARN, Kubernetes) and writes a small summary file that this operator returns.
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline_params", "tokenizer")
+
+    def __init__(
+        self,
+        *,
+        tokenizer: str,
+        pipeline_params: dict[str, Any] | None = None,
+        lake_uri: str | None = None,
+        conn_id: str = "spark_default",
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("name", "sparktune-prepare_data")
+        # Spark's INFO chatter would bury the step table in the task log; pass conf to change it.
+        kwargs.setdefault("conf", {"spark.log.level": "WARN"})
+        super().__init__(conn_id=conn_id, **kwargs)
+        self.tokenizer = tokenizer
+        self.pipeline_params = pipeline_params
+        self.lake_uri = lake_uri
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.prepare import DataPreparationError, resolve_source_uri
+
+        params = pipeline_params(self.pipeline_params, context)
+        try:
+            source_uri = resolve_source_uri(params)
+        except DataPreparationError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.application = self.application or prepare_job_path()
+        summary_path = _run_dir(context) / "prepare_summary.json"
+        summary_path.unlink(missing_ok=True)
+        job_params = {**params.to_dict(), "source_uri": source_uri}
+        self.application_args = [
+            "--params-json",
+            json.dumps(job_params),
+            "--tokenizer",
+            self.tokenizer,
+            "--lake-uri",
+            self.lake_uri or settings().lake_uri,
+            "--summary-path",
+            str(summary_path),
+        ]
+        try:
+            super().execute(context)
+        except AirflowException as exc:
+            # The job records input errors (missing file or column) it found before failing:
+            # those fail at once; anything else (a lost executor, a full disk) is retried.
+            if summary_path.exists():
+                record = json.loads(summary_path.read_text())
+                if record.get("error"):
+                    raise AirflowFailException(f"prepare_data rejected its input: {record['error']}") from exc
+            raise
+        summary = json.loads(summary_path.read_text())
+        for step in summary["steps"]:
+            self.log.info(
+                "%-18s rows in %9d  out %9d%s",
+                step["step"],
+                step["rows_in"],
+                step["rows_out"],
+                "  (skipped)" if step.get("skipped") else "",
+            )
+        self.log.info("data fingerprint %s -> %s", summary["data_fingerprint"], summary["prepared_uri"])
+        return summary
+
+
+def _quality_gate(
+    prepared_uri: str,
+    source_uri: str | None,
+    pipeline_params_value: dict[str, Any] | None,
+    gx_root: str,
+    run_id: str,
+    params: Any = None,
+    spark: Any = None,
+) -> dict[str, Any]:
+    from sparktune.prepare import DataPreparationError, resolve_source_uri
+    from sparktune.quality import format_failures, run_quality_gate
+
+    # py4j logs a traceback at INFO for every socket the provider's session.stop() closes.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    typed = pipeline_params(pipeline_params_value, {"params": params})
+    try:
+        report = run_quality_gate(
+            spark,
+            typed,
+            prepared_uri=prepared_uri,
+            source_uri=source_uri or resolve_source_uri(typed),
+            gx_root=Path(gx_root),
+            run_id=run_id,
+        )
+    except (DataPreparationError, ValueError) as exc:  # unreadable source, unknown rule name
+        raise AirflowFailException(str(exc)) from exc
+    print(f"quality: {report.evaluated} expectations, success={report.success}, docs {report.data_docs_uri}")
+    if not report.success:
+        raise AirflowFailException(format_failures(report))
+    if report.warnings:
+        logging.getLogger(__name__).warning("%s", format_failures(report))
+    return report.to_summary()
+
+
+class SparkQualityGateOperator(PySparkOperator):
+    """Great Expectations on the prepared Spark DataFrame; every failed expectation in one error.
+
+    Reuses the Spark provider's ``PySparkOperator`` for the session, so the master and Spark
+    settings come from the ``spark_default`` connection like every other Spark task.
+    """
+
+    template_fields: Sequence[str] = (*PySparkOperator.template_fields, "prepared_uri", "source_uri")
+
+    def __init__(
+        self,
+        *,
+        prepared_uri: str,
+        source_uri: str | None = None,
+        pipeline_params: dict[str, Any] | None = None,
+        gx_root: str | None = None,
+        conn_id: str = "spark_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            python_callable=_quality_gate,
+            conn_id=conn_id,
+            op_kwargs={
+                "prepared_uri": prepared_uri,
+                "source_uri": source_uri,
+                "pipeline_params_value": pipeline_params,
+                "gx_root": gx_root or str(settings().gx_root),
+            },
+            **kwargs,
+        )
+        self.prepared_uri = prepared_uri
+        self.source_uri = source_uri
+
+
+class MaterializeDatasetOperator(BaseOperator):
+    """Prepared splits -> a Hugging Face DatasetDict on disk, content-addressed by the data fingerprint."""
+
+    template_fields: Sequence[str] = ("prepared_uri", "data_fingerprint", "labels", "datasets_root")
+
+    def __init__(
+        self,
+        *,
+        prepared_uri: str,
+        data_fingerprint: str,
+        labels: list[str],
+        datasets_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.prepared_uri = prepared_uri
+        self.data_fingerprint = data_fingerprint
+        self.labels = labels
+        self.datasets_root = datasets_root
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.materialize import materialize_dataset
+
+        root = self.datasets_root or f"{settings().lake_uri}/datasets"
+        result = materialize_dataset(self.prepared_uri, root, self.data_fingerprint, list(self.labels))
+        self.log.info(
+            "dataset %s: %s rows, %s (%.1f s)",
+            result.dataset_uri,
+            result.rows,
+            "reused" if result.reused else "built",
+            result.seconds,
+        )
+        return result.to_summary()
+
+
+class TrainModelOperator(BaseOperator):
+    """Runs the training entry point in a local subprocess, its log streamed into the task log.
+
+    The run is keyed by dag/run/task + data fingerprint + config hash: a retry finds the MLflow
+    run a finished attempt made instead of training again.
+    """
+
+    template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
+
+    def __init__(
+        self,
+        *,
+        dataset_uri: str,
+        base_model: str,
+        data_fingerprint: str,
+        pipeline_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dataset_uri = dataset_uri
+        self.base_model = base_model
+        self.data_fingerprint = data_fingerprint
+        self.pipeline_params = pipeline_params
+        self._hook: SubprocessHook | None = None
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = pipeline_params(self.pipeline_params, context)
+        ti = context["ti"]
+        key_source = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{self.data_fingerprint}/{config_hash(params)}"
+        train_key = hashlib.sha256(key_source.encode()).hexdigest()[:24]
+        work = _run_dir(context)
+        request = {
+            "dataset_path": self.dataset_uri,
+            "base_model": self.base_model,
+            "output_dir": str(settings().models_dir / "runs" / train_key),
+            "params": params.to_dict(),
+            "mlflow_tracking_uri": settings().mlflow_tracking_uri,
+            "artifact_location": settings().mlflow_artifact_root,
+            "experiment_name": experiment_name(params.model_name),
+            "train_key": train_key,
+            "run_name": f"{ti.dag_id}-{ti.run_id}"[:250],
+            "tags": {
+                "sparktune.data_fingerprint": self.data_fingerprint,
+                "sparktune.config_hash": config_hash(params),
+                "airflow.dag_id": ti.dag_id,
+                "airflow.run_id": ti.run_id,
+                "airflow.task_id": ti.task_id,
+                "sparktune.base_model": self.base_model,
+            },
+        }
+        request_path = work / "train_request.json"
+        request_path.write_text(json.dumps(request, indent=2))
+        self._hook = SubprocessHook()
+        result = self._hook.run_command(
+            [sys.executable, "-m", "sparktune.training", "--request", str(request_path)],
+            env=dict(os.environ),
+        )
+        _raise_for_exit_code("training", result.exit_code, result.output)
+        outcome = json.loads((Path(request["output_dir"]) / "result.json").read_text())
+        self.log.info("training result: %s", json.dumps(outcome, sort_keys=True))
+        return outcome
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.send_sigterm()
+
+
+# The domain CLIs exit 2 on bad input (a retry would fail the same way), 1 on anything else.
+EXIT_BAD_INPUT = 2
+
+
+def _raise_for_exit_code(what: str, exit_code: int, last_line: str) -> None:
+    if exit_code == EXIT_BAD_INPUT:
+        raise AirflowFailException(f"{what} rejected its input: {last_line}")
+    if exit_code != 0:
+        raise AirflowException(f"{what} exited with code {exit_code}: {last_line}")
+
+
+def experiment_name(model_name: str) -> str:
+    return f"sparktune-{model_name}"
+
+
+class RegisterModelOperator(BaseOperator):
+    """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``."""
+
+    template_fields: Sequence[str] = ("run_id", "model_name", "tags", "run_artifacts", "run_files")
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        model_name: str,
+        tags: dict[str, str] | None = None,
+        run_artifacts: dict[str, Any] | None = None,
+        run_files: dict[str, list[str] | dict[str, str]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``run_artifacts``: name -> JSON-able record; ``run_files``: artifact folder -> local files
+        (a list, or a dict whose values are the files), e.g. the run's Data Docs pages."""
+        super().__init__(**kwargs)
+        self.run_id = run_id
+        self.model_name = model_name
+        self.tags = tags or {}
+        self.run_artifacts = run_artifacts or {}
+        self.run_files = run_files or {}
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.registry import CANDIDATE, move_alias, register_run_model
+
+        client = _mlflow_client()
+        for name, content in self.run_artifacts.items():
+            client.log_dict(self.run_id, content, f"pipeline/{name}.json")
+        for folder, files in self.run_files.items():
+            for uri in (files.values() if isinstance(files, dict) else files) or []:
+                path = uri.removeprefix("file://")
+                if Path(path).is_file():
+                    client.log_artifact(self.run_id, path, folder)
+        prepare = self.run_artifacts.get("prepare_summary") or {}
+        for step in prepare.get("steps", []):
+            client.log_metric(self.run_id, f"rows_out.{step['step']}", step["rows_out"])
+        tags = {k: str(v) for k, v in self.tags.items()}
+        version = register_run_model(client, self.model_name, self.run_id, tags)
+        move = move_alias(
+            client,
+            self.model_name,
+            CANDIDATE,
+            version,
+            actor=_actor(context),
+            reason=f"registered from run {self.run_id}",
+        )
+        return {"model_name": self.model_name, "version": version, "alias_move": move.to_summary()}
+
+
+class EvaluateModelOperator(BaseOperator):
+    """Challenger and current champion on the same frozen test split; metrics to the challenger's run."""
+
+    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id")
+
+    def __init__(
+        self, *, model_name: str, version: str, dataset_uri: str, run_id: str, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.version = version
+        self.dataset_uri = dataset_uri
+        self.run_id = run_id
+
+    def _evaluate(self, model_uri: str, work: Path, label: str) -> dict[str, float]:
+        output = work / f"eval_{label}.json"
+        result = SubprocessHook().run_command(
+            [
+                sys.executable,
+                "-m",
+                "sparktune.evaluation",
+                "--model-uri",
+                model_uri,
+                "--dataset-path",
+                self.dataset_uri,
+                "--split",
+                "test",
+                "--output",
+                str(output),
+            ],
+            env=dict(os.environ),
+        )
+        if result.exit_code != 0:
+            raise AirflowException(
+                f"evaluating {model_uri} exited with code {result.exit_code}: {result.output}"
+            )
+        return json.loads(output.read_text())["metrics"]
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.registry import CHAMPION, alias_version
+
+        client = _mlflow_client()
+        work = _run_dir(context)
+        challenger = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
+        champion_version = alias_version(client, self.model_name, CHAMPION)
+        champion = None
+        if champion_version is not None and champion_version != str(self.version):
+            champion = self._evaluate(f"models:/{self.model_name}/{champion_version}", work, "champion")
+        for name, value in challenger.items():
+            client.log_metric(self.run_id, name, value)
+            self.log.info("challenger v%s %-22s %.4f", self.version, name, value)
+        for name, value in (champion or {}).items():
+            client.log_metric(self.run_id, f"champion_{name}", value)
+            self.log.info("champion   v%s %-22s %.4f", champion_version, name, value)
+        for name in ("eval_loss", "eval_accuracy", "eval_macro_f1"):
+            if name in challenger:
+                client.set_model_version_tag(
+                    self.model_name, str(self.version), name, f"{challenger[name]:.6f}"
+                )
+        return {
+            "model_name": self.model_name,
+            "challenger_version": str(self.version),
+            "champion_version": champion_version,
+            "challenger": challenger,
+            "champion": champion,
+        }
+
+
+class PromotionGateOperator(BaseOperator, SkipMixin):
+    """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly)."""
+
+    template_fields: Sequence[str] = ("evaluation", "run_id", "pipeline_params")
+
+    def __init__(
+        self,
+        *,
+        evaluation: dict[str, Any],
+        run_id: str,
+        pipeline_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.evaluation = evaluation
+        self.run_id = run_id
+        self.pipeline_params = pipeline_params
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.gate import decide, gate_rules
+
+        params = pipeline_params(self.pipeline_params, context)
+        evaluation = self.evaluation
+        decision = decide(
+            gate_rules(params), evaluation["challenger"], evaluation["champion"], params.gate_mode
+        )
+        for reason in decision.reasons:
+            self.log.info("gate: %s", reason)
+        verdict = "promote" if decision.promote else "blocked"
+        self.log.info("gate decision (%s mode): %s", decision.mode, verdict)
+        client = _mlflow_client()
+        client.set_tag(self.run_id, "sparktune.gate.decision", verdict)
+        client.set_tag(self.run_id, "sparktune.gate.mode", decision.mode)
+        client.set_tag(self.run_id, "sparktune.gate.reasons", "\n".join(decision.reasons)[:5000])
+        client.set_model_version_tag(
+            evaluation["model_name"], evaluation["challenger_version"], "gate_decision", verdict
+        )
+        if not decision.promote:
+            downstream = [t for t in context["task"].get_flat_relatives(upstream=False) if not t.is_teardown]
+            self.skip(ti=context["ti"], tasks=downstream)
+        return {**decision.to_summary(), "champion_version": evaluation["champion_version"]}
+
+
+class PromoteModelOperator(BaseOperator):
+    """Moves one alias to the challenger; for ``champion`` it first checks nobody promoted in between."""
+
+    template_fields: Sequence[str] = ("model_name", "version", "expected_champion", "reason")
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        version: str,
+        alias: str,
+        expected_champion: str | None = None,
+        reason: str = "",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.version = version
+        self.alias = alias
+        self.expected_champion = expected_champion
+        self.reason = reason
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.registry import CHAMPION, ChampionChangedError, move_alias
+
+        client = _mlflow_client()
+        try:
+            move = move_alias(
+                client,
+                self.model_name,
+                self.alias,
+                str(self.version),
+                actor=_actor(context),
+                reason=self.reason or f"promoted by {_actor(context)}",
+                check_current=self.alias == CHAMPION,
+                expected_current=self.expected_champion,
+            )
+        except ChampionChangedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return move.to_summary()

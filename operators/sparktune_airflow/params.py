@@ -1,0 +1,26 @@
+"""The trigger form: Airflow ``Param`` objects built from the domain's one param spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+from sparktune.params import PARAM_SPECS, ParamSpec
+
+
+def _param(spec: ParamSpec) -> Param:
+    schema: dict[str, Any] = {"type": spec.type, "title": spec.name, "section": spec.section}
+    if spec.enum:
+        schema["enum"] = list(spec.enum)
+    if spec.minimum is not None:
+        schema["minimum"] = spec.minimum
+    if spec.maximum is not None:
+        schema["maximum"] = spec.maximum
+    if spec.type == "string" and "\n" in str(spec.default):
+        schema["format"] = "multiline"
+    return Param(spec.default, description=spec.description, **schema)
+
+
+def trigger_form_params(names: list[str] | None = None) -> dict[str, Param]:
+    """Params for a DAG's trigger form: every pipeline param, or the ``names`` given."""
+    return {spec.name: _param(spec) for spec in PARAM_SPECS if names is None or spec.name in names}

@@ -1,0 +1,174 @@
+"""The whole llm_finetune DAG through `airflow dags test` on embedded defaults, then checked in MLflow.
+
+This is what `make demo` does, on a smaller generated dataset: real Spark (local), a real GX
+suite, a real Arrow dataset, real LoRA training, a real MLflow registry in SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sparktune.params import TINY_MODEL_RECIPE
+
+pytestmark = pytest.mark.e2e
+
+# Variables the test session set for unit tests; the DAG run must get the embedded defaults instead.
+_SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
+DEMO_ROWS = 2500
+FAST_TRAINING = TINY_MODEL_RECIPE  # what make demo runs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _restore_tracking_uri():
+    # _client points this process at the DAG's store; later test modules must not inherit it.
+    import mlflow
+
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    mlflow.set_tracking_uri(saved)
+    if saved is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("e2e-home")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparktune.demo_data",
+            "--rows",
+            str(DEMO_ROWS),
+            "--out",
+            str(home / "data" / "support_tickets.jsonl"),
+        ],
+        check=True,
+    )
+    return home
+
+
+def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
+    env["SPARKTUNE_HOME"] = str(home)
+    result = subprocess.run(
+        [sys.executable, "-m", "sparktune_airflow.embedded", "run", "--dag", dag, "--conf", json.dumps(conf)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    (home / f"dags-test-{len(list(home.glob('dags-test-*')))}.log").write_text(result.stdout + result.stderr)
+    return result
+
+
+def _client(home: Path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    return MlflowClient(uri)
+
+
+@pytest.fixture(scope="module")
+def happy_run(home):
+    result = run_dag(home, FAST_TRAINING)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    return result
+
+
+def test_run_ends_with_a_champion_with_metrics(home, happy_run):
+    client = _client(home)
+    champion = client.get_model_version_by_alias("support-intent", "champion")
+    assert "candidate" in champion.aliases and "staging" in champion.aliases
+    run = client.get_run(champion.run_id)
+    for metric in ("eval_loss", "eval_accuracy", "eval_macro_f1", "train_loss", "tokens_per_second"):
+        assert metric in run.data.metrics, metric
+    assert 0.0 <= run.data.metrics["eval_accuracy"] <= 1.0
+    assert run.data.tags["sparktune.gate.decision"] == "promote"
+    fingerprint = run.data.tags["sparktune.data_fingerprint"]
+    assert champion.tags["data_fingerprint"] == fingerprint
+    assert champion.tags["fine_tuned_on"].endswith(fingerprint)
+    assert run.data.metrics["rows_out.read"] == DEMO_ROWS
+    pages = [a.path for a in client.list_artifacts(champion.run_id, "data_docs")]
+    assert pages and all(p.endswith(".html") for p in pages), pages
+    assert {a.path for a in client.list_artifacts(champion.run_id, "pipeline")} >= {
+        "pipeline/prepare_summary.json",
+        "pipeline/quality_summary.json",
+    }
+
+
+def test_dataset_on_disk_is_the_fingerprinted_arrow_dataset(home, happy_run):
+    import datasets
+
+    client = _client(home)
+    champion = client.get_model_version_by_alias("support-intent", "champion")
+    fingerprint = champion.tags["data_fingerprint"]
+    dataset = datasets.load_from_disk(str(home / "lake" / "datasets" / fingerprint))
+    assert set(dataset) == {"train", "validation", "test"}
+    assert isinstance(dataset["train"].features["label"], datasets.ClassLabel)
+    assert len(dataset["train"].features["label"].names) >= 8
+    total = sum(len(split) for split in dataset.values())
+    assert 0.8 * total <= len(dataset["train"]) + 20  # about 80/10/10
+    assert 0 < total < DEMO_ROWS  # every filter had work to do on the demo data
+    assert (home / "lake" / "quarantine" / fingerprint).is_dir()
+    assert any((home / "gx").rglob("index.html")), "Great Expectations Data Docs were not written"
+
+
+def test_every_task_emitted_lineage(home, happy_run):
+    events = [json.loads(line) for line in (home / "lineage" / "events.jsonl").read_text().splitlines()]
+    completed = {e["job"]["name"] for e in events if e.get("eventType") == "COMPLETE"}
+    for task in ("prepare_data", "validate_data", "materialize_dataset", "train", "promote_champion"):
+        assert f"llm_finetune.{task}" in completed, sorted(completed)
+
+
+def test_bad_data_fails_the_run_before_training(home, happy_run):
+    client = _client(home)
+    versions_before = len(client.search_model_versions("name = 'support-intent'"))
+    result = run_dag(home, {**FAST_TRAINING, "min_train_rows": 1_000_000})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "min_train_rows" in output or "1000000" in output, output[-4000:]
+    assert len(client.search_model_versions("name = 'support-intent'")) == versions_before
+
+
+def test_missing_column_fails_at_once_naming_it(home, happy_run):
+    client = _client(home)
+    versions_before = len(client.search_model_versions("name = 'support-intent'"))
+    result = run_dag(home, {**FAST_TRAINING, "label_column": "category"})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "prepare_data rejected its input" in output
+    assert "category" in output and "intent_label" in output  # what is missing, what there is
+    assert "materialize_dataset" not in _started_tasks(output)
+    assert len(client.search_model_versions("name = 'support-intent'")) == versions_before
+
+
+def _started_tasks(output: str) -> set[str]:
+    return {
+        line.split("task_id=")[1].split()[0] for line in output.splitlines() if "starting task_id=" in line
+    }
+
+
+def test_invalid_params_fail_at_once_listing_every_problem(home):
+    # Values each inside their schema bounds, wrong together: validate_params lists both and
+    # fails without retries, before any Spark job is submitted.
+    result = run_dag(home, {"min_chars": 3000, "max_chars": 100, "prompt_template": "{label}: {text}"})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "min_chars (3000) is above max_chars (100)" in output
+    assert "{label} must come after {text}" in output
+    assert "Spark-Submit cmd" not in output
+    assert "up_for_retry" not in output.lower()
+
+
+def test_out_of_range_param_is_refused_before_the_run_starts(home):
+    result = run_dag(home, {"lora_r": 0})
+    assert result.returncode != 0
+    assert "lora_r" in result.stdout + result.stderr

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+from sparktune.params import PARAM_SPECS, InvalidParamsError, default_params, parse_params
+
+
+def test_defaults_are_valid_and_match_the_seed_recipe():
+    params = parse_params({})
+    assert params.min_quality_score == 0.85
+    assert (params.min_chars, params.max_chars, params.max_length, params.split_seed) == (20, 2048, 512, 42)
+    assert (params.lora_r, params.lora_alpha, params.lora_dropout) == (16, 32, 0.05)
+    assert params.learning_rate == 2e-4
+    assert params.prompt_template.startswith("[INST] Classify the intent")
+
+
+def test_every_spec_has_description_and_bounds():
+    for spec in PARAM_SPECS:
+        assert spec.description, spec.name
+        if spec.type in ("integer", "number"):
+            assert spec.minimum is not None and spec.maximum is not None, spec.name
+            assert spec.minimum <= spec.default <= spec.maximum, spec.name
+
+
+def test_every_problem_is_reported_at_once():
+    raw = {
+        **default_params(),
+        "min_chars": "ten",
+        "max_length": 1,
+        "gate_mode": "sometimes",
+        "prompt_template": "{label} first {text}",
+        "min_quality_score": 1.5,
+    }
+    with pytest.raises(InvalidParamsError) as info:
+        parse_params(raw)
+    message = str(info.value)
+    for name in ("min_chars", "max_length", "gate_mode", "min_quality_score"):
+        assert name in message
+    assert len(info.value.problems) == 4  # cross-field checks wait until the types are right
+
+
+def test_cross_field_rules():
+    with pytest.raises(InvalidParamsError, match="min_chars .* above max_chars"):
+        parse_params({"min_chars": 100, "max_chars": 50})
+    with pytest.raises(InvalidParamsError, match=r"\{label\} must come after \{text\}"):
+        parse_params({"prompt_template": "{label}: {text}"})
+    with pytest.raises(InvalidParamsError, match="needs both"):
+        parse_params({"prompt_template": "no placeholders"})
+
+
+def test_integers_accept_integral_floats_but_not_bools():
+    assert parse_params({"lora_r": 8.0}).lora_r == 8
+    with pytest.raises(InvalidParamsError, match="lora_r"):
+        parse_params({"lora_r": True})
+    with pytest.raises(InvalidParamsError, match="lora_r"):
+        parse_params({"lora_r": 8.5})

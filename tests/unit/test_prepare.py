@@ -1,0 +1,592 @@
+"""The preparation recipe on local[1] Spark: step counts, quarantine, loading, split, publishing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sparktune.params import parse_params
+
+pytestmark = pytest.mark.spark
+
+GOOD_BILLING = "I was charged twice for my order last week"
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPARKTUNE_LAKE_URI", raising=False)
+
+
+def n_tokens(tokenizer_path: str, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(tokenizer_path)(text)["input_ids"])
+
+
+def defect_rows() -> list[tuple]:
+    # (message, intent_label, quality_score, ticket_id): one defect of each kind
+    return [
+        (GOOD_BILLING, "billing", 0.9, 1),
+        ("  How do I reset my password\tplease help  ", " password ", 0.95, 2),
+        ("My order {text} {label} shows {0} weird braces", "shipping", 0.99, 3),
+        ("This message has a low quality score", "billing", 0.5, 4),
+        ("This message has no quality score at all", "billing", None, 5),
+        ("This message has a null label attached", None, 0.9, 6),
+        ("This message has a blank label attached", "   ", 0.9, 7),
+        ("  hi  ", "greeting", 0.9, 8),
+        ("x" * 300, "billing", 0.9, 9),
+        ("i WAS charged  twice for MY order last week ", "billing", 0.97, 10),
+        ("\U0001f600" * 60, "emoji", 0.9, 11),
+    ]
+
+
+def defect_df(spark, rows=None):
+    return spark.createDataFrame(
+        rows or defect_rows(), "message string, intent_label string, quality_score double, ticket_id long"
+    )
+
+
+def defect_params(tokenizer_path: str, **overrides):
+    good = [
+        GOOD_BILLING,
+        "How do I reset my password please help",
+        "My order {text} {label} shows {0} weird braces",
+    ]
+    template_overhead = "[INST] Classify the intent of this support message:\n\n [/INST] shipping"
+    longest_good = max(n_tokens(tokenizer_path, template_overhead + text) for text in good)
+    return parse_params({"max_chars": 200, "max_length": longest_good + 5, **overrides})
+
+
+def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    params = defect_params(tokenizer_path)
+    emoji_tokens = n_tokens(tokenizer_path, "[INST] x [/INST] emoji" + "\U0001f600" * 60)
+    assert emoji_tokens > params.max_length  # the emoji row really is over the token limit
+
+    prepared = prepare(defect_df(spark), params, tokenizer_path)
+    steps = [(s.step, s.rows_in, s.rows_out, s.skipped) for s in prepared.steps]
+    assert steps == [
+        ("read", 11, 11, False),
+        ("min_quality_score", 11, 9, False),
+        ("null_label", 9, 7, False),
+        ("length", 7, 5, False),
+        ("dedupe", 5, 4, False),
+        ("format", 4, 4, False),
+        ("max_length", 4, 3, False),
+        ("split", 3, 3, False),
+    ]
+    rows = {r["label"]: r.asDict() for r in prepared.rows.collect()}
+    assert set(rows) == {"billing", "password", "shipping"}
+    assert prepared.rows.columns == [
+        "example_id",
+        "text",
+        "label",
+        "prompt",
+        "completion",
+        "n_tokens",
+        "split",
+    ]
+    types = dict(prepared.rows.dtypes)
+    assert types["n_tokens"] == "int" and types["example_id"] == types["split"] == "string"
+
+    password = rows["password"]
+    assert password["text"] == "How do I reset my password\tplease help"
+    assert password["prompt"] == (
+        "[INST] Classify the intent of this support message:\n\n"
+        "How do I reset my password\tplease help [/INST]"
+    )
+    assert password["completion"] == " password"
+    assert password["n_tokens"] == n_tokens(tokenizer_path, password["prompt"] + password["completion"])
+    import hashlib
+
+    assert password["example_id"] == hashlib.sha256(b"how do i reset my password please help").hexdigest()
+    # Braces in the text are data, not format fields.
+    assert "{text} {label} shows {0}" in rows["shipping"]["prompt"]
+    assert all(r["split"] in ("train", "validation", "test") for r in rows.values())
+    prepared.unpersist()
+
+
+def test_quarantine_keeps_original_values_and_reasons(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    prepared = prepare(defect_df(spark), defect_params(tokenizer_path), tokenizer_path)
+    quarantine = prepared.quarantine.collect()
+    reasons = sorted(r["reject_reason"] for r in quarantine)
+    assert reasons == sorted(
+        ["min_quality_score"] * 2 + ["null_label"] * 2 + ["length"] * 2 + ["dedupe", "max_length"]
+    )
+    by_text = {r["text"]: r for r in quarantine}
+    assert by_text["  hi  "]["reject_reason"] == "length"  # untrimmed, as it was
+    assert "2 chars" in by_text["  hi  "]["reject_detail"]
+    assert by_text["This message has a low quality score"]["quality"] == "0.5"
+    assert "0.5 < 0.85" in by_text["This message has a low quality score"]["reject_detail"]
+    assert "missing" in by_text["This message has no quality score at all"]["reject_detail"]
+    assert by_text["This message has a blank label attached"]["label"] == "   "
+    assert by_text["This message has a null label attached"]["reject_detail"] == "label is null"
+    assert "max_length" in by_text["\U0001f600" * 60]["reject_detail"]
+    assert all(r["reject_detail"] for r in quarantine)
+    prepared.unpersist()
+
+
+def test_dedupe_keeps_the_same_copy_whatever_the_order(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    params = defect_params(tokenizer_path)
+    forward = prepare(defect_df(spark), params, tokenizer_path)
+    backward = prepare(defect_df(spark, list(reversed(defect_rows()))).repartition(3), params, tokenizer_path)
+    kept = [sorted(p.rows.select("text", "split").collect()) for p in (forward, backward)]
+    assert kept[0] == kept[1]
+    dropped = [p.quarantine.filter("reject_reason = 'dedupe'").first()["text"] for p in (forward, backward)]
+    assert dropped[0] == dropped[1]
+    assert dropped[0] in (GOOD_BILLING, "i WAS charged  twice for MY order last week ")
+    forward.unpersist()
+    backward.unpersist()
+
+
+def test_quality_step_is_skipped_without_a_quality_column(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    for params in (
+        defect_params(tokenizer_path, quality_column=""),
+        defect_params(tokenizer_path, quality_column="not_there"),
+    ):
+        prepared = prepare(defect_df(spark), params, tokenizer_path)
+        quality = prepared.steps[1]
+        assert (quality.step, quality.rows_in, quality.rows_out, quality.skipped) == (
+            "min_quality_score",
+            11,
+            11,
+            True,
+        )
+        assert prepared.quarantine.filter("reject_reason = 'min_quality_score'").count() == 0
+        prepared.unpersist()
+
+
+def test_custom_template_and_column_names(spark, tokenizer_path):
+    from sparktune.prepare import format_example, prepare
+
+    df = spark.createDataFrame([("A perfectly normal message text", 3)], "body string, `the label` int")
+    params = parse_params(
+        {
+            "text_column": "body",
+            "label_column": "the label",
+            "quality_column": "",
+            "prompt_template": "Text: {text}\nLabel:\t{label}</s>",
+        }
+    )
+    row = prepare(df, params, tokenizer_path).rows.first()
+    assert row["label"] == "3"
+    assert (row["prompt"], row["completion"]) == ("Text: A perfectly normal message text\nLabel:", "\t3</s>")
+    assert (row["prompt"], row["completion"]) == format_example(params.prompt_template, row["text"], "3")
+
+
+def test_csv_with_bom_crlf_and_quoted_newlines(spark, tmp_path):
+    from sparktune.prepare import load_source
+
+    path = tmp_path / "export.csv"
+    path.write_bytes(
+        "\ufeffmessage,intent_label,quality_score\r\n"
+        '"Hello, my ""order"" is late\r\nsecond line of it",shipping,0.9\r\n'
+        "A plain line without quotes at all,billing,0.95\r\n".encode()
+    )
+    df = load_source(spark, str(path), "auto")
+    assert df.columns == ["message", "intent_label", "quality_score"]
+    rows = df.collect()
+    assert len(rows) == 2
+    assert rows[0]["message"].startswith('Hello, my "order" is late') and "second line" in rows[0]["message"]
+    assert [r["intent_label"] for r in rows] == ["shipping", "billing"]
+    assert rows[1]["quality_score"] == "0.95"
+
+
+def test_load_source_formats_and_errors(spark, tmp_path):
+    from sparktune.prepare import (
+        DataPreparationError,
+        MissingColumnsError,
+        SourceNotFoundError,
+        check_columns,
+        load_source,
+        resolve_format,
+    )
+
+    df = defect_df(spark)
+    df.write.parquet(str(tmp_path / "folder"))
+    assert resolve_format(spark, str(tmp_path / "folder"), "auto") == "parquet"
+    assert load_source(spark, str(tmp_path / "folder"), "auto").count() == 11
+
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"message": "one", "intent_label": "a"}\n{"message": "two", "intent_label": "b"}\n')
+    assert load_source(spark, str(jsonl), "auto").count() == 2
+    array = tmp_path / "array.json"
+    array.write_text('[{"message": "one", "intent_label": "a"}, {"message": "two", "intent_label": "b"}]')
+    assert sorted(load_source(spark, str(array), "auto").columns) == ["intent_label", "message"]
+
+    df.createOrReplaceTempView("support_tickets")
+    assert resolve_format(spark, "support_tickets", "auto") == "table"
+    assert load_source(spark, "support_tickets", "auto").count() == 11
+
+    with pytest.raises(SourceNotFoundError, match="nowhere/tickets.parquet"):
+        load_source(spark, str(tmp_path / "nowhere/tickets.parquet"), "auto")
+    with pytest.raises(SourceNotFoundError, match="no_such_table.*not in the Spark catalog"):
+        load_source(spark, "no_such_table", "auto")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "data.bin").write_text("x")
+    with pytest.raises(DataPreparationError, match="set source_format"):
+        load_source(spark, str(tmp_path / "odd"), "auto")
+
+    params = parse_params({"text_column": "body", "label_column": "intent"})
+    with pytest.raises(MissingColumnsError) as err:
+        check_columns(df, params)
+    message = str(err.value)
+    assert "text_column 'body'" in message and "label_column 'intent'" in message
+    assert "'message', 'intent_label', 'quality_score', 'ticket_id'" in message
+
+
+def labelled_rows(n: int, labels: list[str]) -> list[tuple]:
+    return [
+        (f"support message number {i} about {labels[i % len(labels)]}", labels[i % len(labels)], 0.9)
+        for i in range(n)
+    ]
+
+
+def candidate_buckets(seed: int, pattern: str, n: int = 200) -> list[tuple[str, float]]:
+    """(text, split bucket) as the recipe computes them, in plain Python."""
+    import hashlib
+
+    out = []
+    for i in range(n):
+        text = pattern.format(i)
+        example_id = hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()
+        digest = hashlib.sha256(f"{seed}:{example_id}".encode()).hexdigest()
+        out.append((text, int(digest[:13], 16) / 16**13))
+    return out
+
+
+def test_split_proportions_and_stability(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    schema = "message string, intent_label string, quality_score double"
+    big = labelled_rows(2000, ["billing", "refund", "account", "shipping"])
+    # Ten rows that hashing alone puts all in train: the small-label rule must move two of them.
+    rare_texts = [t for t, b in candidate_buckets(42, "a rare kind of request, number {}") if b < 0.8][:10]
+    small = [(text, "rare", 0.9) for text in rare_texts]
+    params = parse_params({})
+
+    first = prepare(spark.createDataFrame(big[:1500] + small, schema), params, tokenizer_path)
+    second = prepare(spark.createDataFrame(big + small, schema).repartition(4), params, tokenizer_path)
+    before = dict(first.rows.select("example_id", "split").collect())
+    after = dict(second.rows.select("example_id", "split").collect())
+    assert len(before) == 1510 and len(after) == 2010
+    assert all(after[k] == v for k, v in before.items()), "adding rows moved existing rows between splits"
+
+    counts = {
+        (r["label"], r["split"]): r["count"] for r in second.rows.groupBy("label", "split").count().collect()
+    }
+    for label in ("billing", "refund", "account", "shipping"):
+        total = sum(counts.get((label, s), 0) for s in ("train", "validation", "test"))
+        assert abs(counts[(label, "train")] / total - 0.8) < 0.05
+        assert abs(counts[(label, "validation")] / total - 0.1) < 0.04
+        assert abs(counts[(label, "test")] / total - 0.1) < 0.04
+    assert counts[("rare", "validation")] == 1 and counts[("rare", "test")] == 1
+    rare = {r["text"]: r["split"] for r in second.rows.filter("label = 'rare'").collect()}
+    by_bucket = sorted(rare_texts, key=dict(candidate_buckets(42, "a rare kind of request, number {}")).get)
+    assert [rare[t] for t in by_bucket[-2:]] == ["validation", "test"]  # the two closest to the boundary
+
+    reseeded = prepare(spark.createDataFrame(big, schema), replace(params, split_seed=7), tokenizer_path)
+    moved = sum(1 for k, v in reseeded.rows.select("example_id", "split").collect() if after[k] != v)
+    assert moved > 100  # the seed really drives the split
+    for p in (first, second, reseeded):
+        p.unpersist()
+
+
+def write_source(tmp_path: Path) -> Path:
+    path = tmp_path / "source" / "tickets.jsonl"
+    path.parent.mkdir(parents=True)
+    rows = labelled_rows(60, ["billing", "refund"]) + [("short", "billing", 0.9), (GOOD_BILLING, None, 0.9)]
+    with path.open("w") as out:
+        for message, label, quality in rows:
+            out.write(
+                json.dumps({"message": message, "intent_label": label, "quality_score": quality}) + "\n"
+            )
+    return path
+
+
+def snapshot(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def test_run_prepare_publishes_once_and_reuses(spark, tokenizer_path, tmp_path, caplog):
+    from sparktune.prepare import run_prepare
+
+    source = write_source(tmp_path)
+    lake = tmp_path / "lake"
+    params = parse_params({"source_uri": str(source)})
+    with caplog.at_level("INFO", logger="sparktune.prepare"):
+        first = run_prepare(spark, params, tokenizer_path, str(lake))
+    assert first["reused"] is False
+    assert (first["rows_in"], first["rows_out"]) == (62, 60)
+    assert [s["step"] for s in first["steps"]][0] == "read" and first["steps"][3]["rows_out"] == 60
+    assert first["labels"] == ["billing", "refund"]
+    assert first["rows_per_label"] == {"billing": 30, "refund": 30}
+    assert sum(first["split_counts"].values()) == 60
+    assert first["prepared_uri"] == f"{lake}/prepared/{first['data_fingerprint']}"
+    json.dumps(first)  # serializable
+    assert any("dedupe" in rec.getMessage() for rec in caplog.records)
+
+    prepared = Path(first["prepared_uri"])
+    assert (prepared / "_SUCCESS").exists()
+    for split in ("train", "validation", "test"):
+        assert list((prepared / f"split={split}").glob("part-*.parquet")), split
+    assert (Path(first["quarantine_uri"]) / "_SUCCESS").exists()
+    assert not list((lake / "_tmp").iterdir())
+    back = spark.read.parquet(str(prepared))
+    assert back.count() == 60 and set(back.columns) >= {"example_id", "prompt", "completion", "split"}
+    assert spark.read.parquet(first["quarantine_uri"]).count() == 2
+
+    files = snapshot(lake)
+    second = run_prepare(spark, params, tokenizer_path, str(lake))
+    assert second["reused"] is True
+    assert second["data_fingerprint"] == first["data_fingerprint"]
+    assert snapshot(lake) == files  # nothing rewritten
+
+    changed = run_prepare(spark, replace(params, split_seed=1), tokenizer_path, str(lake))
+    assert changed["data_fingerprint"] != first["data_fingerprint"] and changed["reused"] is False
+
+
+def test_job_rejects_bad_params_before_starting_spark(caplog):
+    from sparktune.jobs.prepare_data import main
+
+    assert main(["--params-json", '{"min_chars": -1, "max_length": 1}', "--tokenizer", "x"]) == 2
+    errors = " ".join(r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    assert "min_chars" in errors and "max_length" in errors  # every problem, in one message
+
+
+def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
+    source = write_source(tmp_path)
+    summary_path = tmp_path / "out" / "summary.json"
+    root = Path(__file__).resolve().parents[2]
+    venv_bin = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    result = subprocess.run(
+        [
+            str(venv_bin / "spark-submit"),
+            "--master",
+            "local[1]",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(root / "include/sparktune/jobs/prepare_data.py"),
+            "--params-json",
+            json.dumps({"source_uri": str(source)}),
+            "--tokenizer",
+            tokenizer_path,
+            "--lake-uri",
+            str(tmp_path / "lake"),
+            "--summary-path",
+            summary_path.as_uri(),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert (summary["rows_in"], summary["rows_out"]) == (62, 60) and summary["reused"] is False
+    assert (Path(summary["prepared_uri"]) / "split=train").is_dir()
+    # spark-submit merges the Python driver's stderr into its stdout: the step table is there.
+    assert "min_quality_score            62           62" in result.stdout
+
+
+def test_publish_replaces_a_half_written_folder_and_skips_a_complete_one(spark, tmp_path):
+    from sparktune.prepare import _publish
+
+    lake = str(tmp_path / "lake")
+    final = tmp_path / "lake" / "prepared" / "abc"
+    final.mkdir(parents=True)
+    (final / "part-0-leftover.parquet").write_text("a crashed writer left this")
+    writes: list[str] = []
+
+    def write(tmp: str) -> None:
+        writes.append(tmp)
+        spark.range(3).write.parquet(tmp)
+
+    assert _publish(spark, write, lake, str(final)) is True
+    assert not (final / "part-0-leftover.parquet").exists() and (final / "_SUCCESS").exists()
+    assert spark.read.parquet(str(final)).count() == 3
+    assert _publish(spark, write, lake, str(final)) is False
+    assert len(writes) == 1  # the complete folder was not written again
+
+
+def test_run_prepare_fails_clearly_when_no_row_survives(spark, tokenizer_path, tmp_path):
+    from sparktune.prepare import DataPreparationError, run_prepare
+
+    source = tmp_path / "stubs.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a", "quality_score": 0.9}\n')
+    params = parse_params({"source_uri": str(source)})
+    with pytest.raises(DataPreparationError, match=r"No rows left(.|\n)*length\s+1\s+0(.|\n)*Fix:"):
+        run_prepare(spark, params, tokenizer_path, str(tmp_path / "lake"))
+    assert list((tmp_path / "lake" / "quarantine").iterdir())  # the rejected rows can be inspected
+    assert not (tmp_path / "lake" / "prepared").exists()
+
+
+ID_SCHEMA = "message string, intent_label string, ticket_id string, created string"
+
+
+def id_rows() -> list[tuple]:
+    return [
+        ("First message text about a double charge", "billing", "T-1", "2024-01-01"),
+        ("A different text that the same ticket got later", "billing", "T-1", "2024-03-01 10:00:00"),
+        ("An older copy of ticket one, with a wrong label", "refund", "T-1", "2023-12-31"),
+        ("Another message about a missing refund", "refund", " T-2 ", None),
+        ("A blank id falls back to the text hash", "refund", "  ", "2024-01-01"),
+        ("A null id falls back to the text hash", "refund", None, "2024-01-01"),
+        ("a NULL id falls back to   the text hash", "refund", None, "2024-01-05"),
+    ]
+
+
+def sha_of_text(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()
+
+
+def test_id_column_is_the_dedupe_key_and_the_example_id(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    params = parse_params({"id_column": "ticket_id", "quality_column": ""})
+    results = []
+    for rows in (id_rows(), list(reversed(id_rows()))):
+        prepared = prepare(spark.createDataFrame(rows, ID_SCHEMA).repartition(3), params, tokenizer_path)
+        kept = {r["example_id"]: r["text"] for r in prepared.rows.collect()}
+        dedupe = [s for s in prepared.steps if s.step == "dedupe"][0]
+        assert (dedupe.rows_in, dedupe.rows_out) == (7, 4)
+        results.append(kept)
+        prepared.unpersist()
+    kept = results[0]
+    assert results[1] == kept  # the same copies whatever the order
+    assert set(kept) == {
+        "T-1",
+        "T-2",  # trimmed
+        sha_of_text("A blank id falls back to the text hash"),
+        sha_of_text("A null id falls back to the text hash"),  # and dedupes by text with its twin
+    }
+
+
+def test_numeric_ids_become_strings(spark, tokenizer_path):
+    from sparktune.prepare import prepare
+
+    df = spark.createDataFrame(
+        [(GOOD_BILLING, "billing", 17)], "message string, intent_label string, id long"
+    )
+    prepared = prepare(df, parse_params({"id_column": "id", "quality_column": ""}), tokenizer_path)
+    assert prepared.rows.first()["example_id"] == "17"
+    prepared.unpersist()
+
+
+def test_timestamp_column_keeps_the_most_recent_duplicate(spark, tokenizer_path, caplog):
+    from sparktune.prepare import prepare
+
+    params = parse_params({"id_column": "ticket_id", "timestamp_column": "created", "quality_column": ""})
+    rows = [*id_rows(), ("A copy of ticket two whose date is not a date", "refund", "T-2", "yesterday")]
+    for ordered in (rows, list(reversed(rows))):
+        with caplog.at_level("WARNING", logger="sparktune.prepare"):
+            prepared = prepare(
+                spark.createDataFrame(ordered, ID_SCHEMA).repartition(2), params, tokenizer_path
+            )
+        kept = {r["example_id"]: r["text"] for r in prepared.rows.collect()}
+        assert kept["T-1"] == "A different text that the same ticket got later"  # 2024-03-01, the newest
+        # Neither T-2 copy has a usable timestamp: the usual deterministic choice decides.
+        assert kept["T-2"] in (
+            "Another message about a missing refund",
+            "A copy of ticket two whose date is not a date",
+        )
+        assert (
+            kept[sha_of_text("A null id falls back to the text hash")]
+            == "a NULL id falls back to   the text hash"
+        )
+        details = {r["text"]: r["reject_detail"] for r in prepared.quarantine.collect()}
+        assert details["First message text about a double charge"] == (
+            "duplicate of example_id T-1; kept the copy with created 2024-03-01 10:00:00"
+        )
+        assert (
+            "with a different label (kept billing)"
+            in details["An older copy of ticket one, with a wrong label"]
+        )
+        prepared.unpersist()
+    assert any(
+        "1 row(s) have a created value that is not a timestamp" in r.getMessage() for r in caplog.records
+    )
+
+    # Native timestamps and epoch numbers order the same way.
+    for created_type, created in (("timestamp", _datetime), ("long", _epoch)):
+        schema = f"message string, intent_label string, ticket_id string, created {created_type}"
+        typed = [(m, label, i, created(c)) for m, label, i, c in id_rows()[:3]]
+        prepared = prepare(spark.createDataFrame(typed, schema), params, tokenizer_path)
+        assert [r["text"] for r in prepared.rows.collect()] == [
+            "A different text that the same ticket got later"
+        ]
+        prepared.unpersist()
+
+
+def _datetime(value: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(value)
+
+
+def _epoch(value: str) -> int:
+    return int(_datetime(value).timestamp())
+
+
+def test_missing_id_or_timestamp_column_is_a_missing_column(spark):
+    from sparktune.prepare import MissingColumnsError, check_columns
+
+    df = spark.createDataFrame([(GOOD_BILLING, "billing")], "message string, intent_label string")
+    params = parse_params({"id_column": "ticket_id", "timestamp_column": "created_at"})
+    with pytest.raises(MissingColumnsError) as err:
+        check_columns(df, params, "/data/tickets.csv")
+    message = str(err.value)
+    assert "Source '/data/tickets.csv' is missing column(s): id_column 'ticket_id', " in message
+    assert "timestamp_column 'created_at'. Columns found" in message
+    assert "Columns found: 'message', 'intent_label'." in message
+    check_columns(df, parse_params({"id_column": "", "timestamp_column": ""}))  # unset: not required
+
+
+def test_resolve_source_uri_tells_tables_from_files(tmp_path, monkeypatch):
+    from sparktune.prepare import resolve_source_uri
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "export.xlsx").write_bytes(b"PK")
+    assert resolve_source_uri(parse_params({"source_uri": "sales.tickets"})) == "sales.tickets"
+    assert resolve_source_uri(parse_params({"source_uri": "tickets"})) == "tickets"
+    assert resolve_source_uri(parse_params({"source_uri": "export.xlsx"})) == str(tmp_path / "export.xlsx")
+    assert resolve_source_uri(parse_params({"source_uri": "data/t.csv"})) == str(tmp_path / "data/t.csv")
+    assert resolve_source_uri(parse_params({"source_uri": "s3a://bucket/t.csv"})) == "s3a://bucket/t.csv"
+
+
+def test_workers_count_tokens_exactly_as_transformers_does(tokenizer_path):
+    import pandas as pd
+    from sparktune.prepare import _backend_from_json, _fast_backend, count_tokens, load_tokenizer
+    from transformers import AutoTokenizer
+
+    texts = pd.Series(
+        [GOOD_BILLING, None, "braces {text} and émojis \U0001f600 " * 20, "  spaced\tout  ", ""]
+    )
+    expected = AutoTokenizer.from_pretrained(tokenizer_path)
+    want = [None if t is None else len(expected(t)["input_ids"]) for t in texts]
+    shipped = _backend_from_json(_fast_backend(load_tokenizer(tokenizer_path)).to_str())  # what workers get
+    for tokenizer in (shipped, expected):
+        counts = count_tokens(tokenizer, texts)
+        assert [None if pd.isna(c) else int(c) for c in counts] == want
+        assert str(counts.dtype) == "Int32"

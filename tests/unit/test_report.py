@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from sparktune.report import format_summary
+
+
+def test_summary_shows_counts_fingerprint_aliases_gate_and_metrics():
+    text = format_summary(
+        {
+            "model_name": "support-intent",
+            "version": "3",
+            "version_aliases": ["candidate", "champion"],
+            "all_aliases": {"champion": "3", "previous_champion": "2"},
+            "mlflow_run_id": "abc123",
+            "data_fingerprint": "f00d",
+            "gate_decision": "promote",
+            "gate_reasons": "min_accuracy: pass\nmax_regression: pass",
+            "metrics": {"eval_accuracy": 0.95, "eval_loss": 0.2, "eval_macro_f1": 0.94},
+            "prepare_steps": [{"step": "dedupe", "rows_in": 100, "rows_out": 90, "skipped": False}],
+            "split_counts": {"train": 72, "validation": 9, "test": 9},
+        }
+    )
+    for expected in (
+        "version 3",
+        "dedupe",
+        "100 ->",
+        "f00d",
+        "abc123",
+        "candidate, champion",
+        "min_accuracy: pass",
+        "eval_accuracy",
+        "0.9500",
+        "make mlflow-ui",
+    ):
+        assert expected in text, expected
