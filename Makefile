@@ -11,13 +11,14 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run test test-fast lint format clean airflow-ui mlflow-ui bench-prepare
+.PHONY: help venv demo run test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
+	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
 
 # The venv is keyed on the lock file: changing the pins reinstalls.
@@ -64,3 +65,7 @@ mlflow-ui: venv
 
 clean:
 	rm -rf $(SPARKTUNE_HOME)
+
+# Four ways from a Spark DataFrame to a Hugging Face dataset, side by side; writes $(SPARKTUNE_HOME)/bench/materialize.json.
+bench-materialize: venv
+	$(PY) benchmarks/bench_materialize.py

@@ -67,9 +67,11 @@ with DAG(
 
     materialize_dataset = MaterializeDatasetOperator(
         task_id="materialize_dataset",
-        prepared_uri=_xcom("prepare_data", "prepared_uri"),
+        source=_xcom("prepare_data", "prepared_uri"),
         data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
-        labels=_xcom("prepare_data", "labels"),
+        label_names=_xcom("prepare_data", "labels"),
+        splits=["train", "validation", "test"],
+        dataset_mode="{{ params.dataset_mode }}",
     )
 
     train = TrainModelOperator(

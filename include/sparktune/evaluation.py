@@ -112,11 +112,19 @@ def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenize
 def _load_split(dataset_path: str, split: str, max_examples: int | None) -> Dataset:
     from datasets import DatasetDict, load_from_disk
 
+    from sparktune.streaming import is_prepared_parquet, read_split
+
     if not Path(dataset_path).exists():
         raise EvaluationInputError(
             f"Dataset {dataset_path!r} does not exist; pass the materialize step's output path."
         )
-    dataset = load_from_disk(dataset_path)
+    if is_prepared_parquet(dataset_path):  # dataset_mode=streaming: the prepared Parquet itself
+        try:
+            dataset = read_split(dataset_path, split)
+        except FileNotFoundError as err:
+            raise EvaluationInputError(str(err)) from err
+    else:
+        dataset = load_from_disk(dataset_path)
     if isinstance(dataset, DatasetDict):
         if split not in dataset:
             raise EvaluationInputError(

@@ -182,6 +182,16 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ),
     # --- model and training
     ParamSpec(
+        "dataset_mode",
+        "string",
+        "materialized",
+        "materialized: Spark executors write an Arrow dataset that training memory-maps (built once "
+        "per data version); streaming: training streams the prepared Parquet shards, for data "
+        "larger than local disk.",
+        enum=("materialized", "streaming"),
+        section="Training",
+    ),
+    ParamSpec(
         "base_model",
         "string",
         TINY_BASE_MODEL,
@@ -334,6 +344,7 @@ class PipelineParams:
     max_class_imbalance: float
     quality_warning_rules: str
     min_train_rows: int
+    dataset_mode: str
     base_model: str
     peft_method: str
     lora_r: int

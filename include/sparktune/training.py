@@ -395,11 +395,19 @@ def _expected_steps(params: PipelineParams, n_train: int, world_size: int) -> in
     return max(1, math.ceil(math.ceil(n_train / per_step) * params.num_train_epochs))
 
 
-def _sft_config(params: PipelineParams, output_dir: Path, n_train: int) -> Any:
+def _sft_config(params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0) -> Any:
+    """``stream_shards`` > 0: the train split is a Parquet stream with that many files."""
     import torch
     from trl import SFTConfig
 
     on_gpu = torch.cuda.is_available()
+    # A stream has no length: the step count comes from the footers' row count. DataLoader
+    # workers read and tokenize ahead of the model (one file per worker at a time).
+    max_steps = (
+        params.max_steps if params.max_steps > 0 or not stream_shards else _expected_steps(params, n_train, 1)
+    )
+    workers = min(2, stream_shards)
+    prefetch = {"dataloader_prefetch_factor": 4} if workers else {}
     config = SFTConfig(
         output_dir=str(output_dir / "checkpoints"),
         # Prompt-completion data: TRL masks the prompt out of the labels (completion_only_loss) and
@@ -414,7 +422,7 @@ def _sft_config(params: PipelineParams, output_dir: Path, n_train: int) -> Any:
         train_sampling_strategy="group_by_length",
         learning_rate=params.learning_rate,
         num_train_epochs=params.num_train_epochs,
-        max_steps=params.max_steps,
+        max_steps=max_steps,
         per_device_train_batch_size=params.per_device_train_batch_size,
         per_device_eval_batch_size=max(params.per_device_train_batch_size, 8),
         gradient_accumulation_steps=params.gradient_accumulation_steps,
@@ -434,8 +442,9 @@ def _sft_config(params: PipelineParams, output_dir: Path, n_train: int) -> Any:
         save_strategy="no",
         report_to=[],
         disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=workers,
         dataloader_pin_memory=on_gpu,
+        **prefetch,
     )
     return config
 
@@ -536,7 +545,7 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
         return _reuse(previous)
     _close_abandoned_runs(client, experiment_id, request.train_key)
 
-    dataset = _load_dataset(request.dataset_path)
+    train_ds, val_ds, n_train = _training_splits(request, params)
     tags = {
         **{k: str(v) for k, v in request.tags.items()},
         TRAIN_KEY_TAG: request.train_key,
@@ -545,7 +554,7 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
         "sparktune.dataset_path": request.dataset_path,
     }
     with mlflow.start_run(experiment_id=experiment_id, run_name=request.run_name or None, tags=tags) as run:
-        result = _train_in_run(run.info.run_id, request, params, dataset, output_dir)
+        result = _train_in_run(run.info.run_id, request, params, (train_ds, val_ds, n_train), output_dir)
         mlflow.log_dict(result.to_dict(), RESULT_ARTIFACT)
         # Set last: find_finished_run only trusts runs that got this far.
         mlflow.set_tag(MODEL_URI_TAG, result.model_uri)
@@ -568,11 +577,25 @@ def _write_result(output_dir: Path, result: TrainResult) -> None:
     tmp.replace(path)
 
 
+def _training_splits(request: TrainRequest, params: PipelineParams) -> tuple[Any, Any, int]:
+    """``(train, validation, train rows)``: memory-mapped splits, or a Parquet stream in streaming mode."""
+    if params.dataset_mode == "streaming":
+        from sparktune.streaming import open_streaming_splits
+
+        try:
+            return open_streaming_splits(request.dataset_path, list(REQUIRED_COLUMNS), params.seed)
+        except FileNotFoundError as err:
+            raise TrainingInputError(str(err)) from err
+    dataset = _load_dataset(request.dataset_path)
+    train_ds = dataset["train"].select_columns(list(REQUIRED_COLUMNS))
+    return train_ds, dataset["validation"].select_columns(list(REQUIRED_COLUMNS)), len(train_ds)
+
+
 def _train_in_run(
     run_id: str,
     request: TrainRequest,
     params: PipelineParams,
-    dataset: DatasetDict,
+    splits: tuple[Any, Any, int],
     output_dir: Path,
 ) -> TrainResult:
     import mlflow
@@ -582,24 +605,24 @@ def _train_in_run(
     tokenizer = _load_tokenizer(request.base_model)
     model = _load_model(request.base_model, tokenizer)
 
-    train_ds = dataset["train"].select_columns(list(REQUIRED_COLUMNS))
-    val_ds = dataset["validation"].select_columns(list(REQUIRED_COLUMNS))
+    train_ds, val_ds, n_train = splits
     mlflow.log_params({k: _param_value(v) for k, v in params.to_dict().items()})
     mlflow.log_params(
         {
             "base_model_resolved": request.base_model,
             "dataset_path": request.dataset_path,
-            "n_train": len(train_ds),
+            "n_train": n_train,
             "n_validation": len(val_ds),
             "train_key": request.train_key,
         }
     )
 
+    streaming = params.dataset_mode == "streaming"
     trainer_cls, callback_cls = _make_trainer_classes()
     step_logger = callback_cls()
     trainer = trainer_cls(
         model=model,
-        args=_sft_config(params, output_dir, len(train_ds)),
+        args=_sft_config(params, output_dir, n_train, getattr(train_ds, "num_shards", 0) if streaming else 0),
         train_dataset=train_ds,
         eval_dataset=val_ds,
         processing_class=tokenizer,
@@ -625,7 +648,7 @@ def _train_in_run(
         trainable,
         total,
         100.0 * trainable / total,
-        len(train_ds),
+        n_train,
         len(val_ds),
     )
 
@@ -679,7 +702,7 @@ def _train_in_run(
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
-    sample = dataset["validation"].select(range(min(4, len(dataset["validation"]))))
+    sample = val_ds.select(range(min(4, len(val_ds))))
     texts = [p + c for p, c in zip(sample["prompt"], sample["completion"], strict=True)]
     diff = verify_logged_model(model_uri, merged, tokenizer, texts)
     mlflow.log_metric("logged_model_max_logit_diff", diff)

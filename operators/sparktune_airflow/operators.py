@@ -28,14 +28,30 @@ from sparktune.config import settings
 from sparktune.params import InvalidParamsError, PipelineParams, parse_params
 
 
-def prepare_job_path() -> str:
-    """The spark-submit application file, wherever the sparktune package is installed."""
+def job_path(job: str) -> str:
+    """The spark-submit application file of ``sparktune.jobs.<job>``, wherever sparktune is installed."""
     import importlib.util
 
-    spec = importlib.util.find_spec("sparktune.jobs.prepare_data")
+    spec = importlib.util.find_spec(f"sparktune.jobs.{job}")
     if spec is None or spec.origin is None:
-        raise AirflowFailException("sparktune.jobs.prepare_data is not installed; pip install the project")
+        raise AirflowFailException(f"sparktune.jobs.{job} is not installed; pip install the project")
     return spec.origin
+
+
+def _submit_and_read_summary(
+    operator: SparkSubmitOperator, context: Any, summary_path: Path, job: str
+) -> dict[str, Any]:
+    """Run spark-submit; input errors the job recorded fail at once, anything else is retried."""
+    try:
+        SparkSubmitOperator.execute(operator, context)
+    except AirflowException as exc:
+        # A lost executor or a full disk leaves no error record: that is worth a retry.
+        if summary_path.exists():
+            record = json.loads(summary_path.read_text())
+            if record.get("error"):
+                raise AirflowFailException(f"{job} rejected its input: {record['error']}") from exc
+        raise
+    return json.loads(summary_path.read_text())
 
 
 def pipeline_params(explicit: dict[str, Any] | None, context: Any) -> PipelineParams:
@@ -142,7 +158,7 @@ class PrepareDataOperator(SparkSubmitOperator):
             source_uri = resolve_source_uri(params)
         except DataPreparationError as exc:
             raise AirflowFailException(str(exc)) from exc
-        self.application = self.application or prepare_job_path()
+        self.application = self.application or job_path("prepare_data")
         summary_path = _run_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
         job_params = {**params.to_dict(), "source_uri": source_uri}
@@ -156,17 +172,7 @@ class PrepareDataOperator(SparkSubmitOperator):
             "--summary-path",
             str(summary_path),
         ]
-        try:
-            super().execute(context)
-        except AirflowException as exc:
-            # The job records input errors (missing file or column) it found before failing:
-            # those fail at once; anything else (a lost executor, a full disk) is retried.
-            if summary_path.exists():
-                record = json.loads(summary_path.read_text())
-                if record.get("error"):
-                    raise AirflowFailException(f"prepare_data rejected its input: {record['error']}") from exc
-            raise
-        summary = json.loads(summary_path.read_text())
+        summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -247,39 +253,112 @@ class SparkQualityGateOperator(PySparkOperator):
         self.source_uri = source_uri
 
 
-class MaterializeDatasetOperator(BaseOperator):
-    """Prepared splits -> a Hugging Face DatasetDict on disk, content-addressed by the data fingerprint."""
+class MaterializeDatasetOperator(SparkSubmitOperator):
+    """A table or path -> a Hugging Face DatasetDict at ``<datasets_root>/<data fingerprint>``.
 
-    template_fields: Sequence[str] = ("prepared_uri", "data_fingerprint", "labels", "datasets_root")
+    Spark executors write the Arrow shards (``sparktune.jobs.materialize_dataset`` through
+    spark-submit, on whatever ``conn_id`` points at). A data version that is already published
+    returns at once, before any Spark starts. Reusable on its own::
+
+        MaterializeDatasetOperator(task_id="to_arrow", source="catalog.db.tickets",
+                                   datasets_root="s3://bucket/datasets", label_column="intent")
+
+    ``dataset_mode="streaming"`` builds nothing: training then streams the Parquet shards.
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "source",
+        "datasets_root",
+        "data_fingerprint",
+        "label_names",
+        "dataset_mode",
+    )
 
     def __init__(
         self,
         *,
-        prepared_uri: str,
-        data_fingerprint: str,
-        labels: list[str],
+        source: str,
         datasets_root: str | None = None,
+        data_fingerprint: str | None = None,
+        label_column: str | None = "label",
+        label_names: list[str] | None = None,
+        split_column: str | None = "split",
+        splits: list[str] | None = None,
+        source_format: str = "auto",
+        dataset_mode: str = "materialized",
+        storage_options: dict[str, Any] | None = None,
+        conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self.prepared_uri = prepared_uri
-        self.data_fingerprint = data_fingerprint
-        self.labels = labels
+        kwargs.setdefault("name", "sparktune-materialize_dataset")
+        kwargs.setdefault("conf", {"spark.log.level": "WARN"})
+        super().__init__(conn_id=conn_id, **kwargs)
+        self.source = source
         self.datasets_root = datasets_root
+        self.data_fingerprint = data_fingerprint
+        self.label_column = label_column
+        self.label_names = label_names
+        self.split_column = split_column
+        self.splits = splits
+        self.source_format = source_format
+        self.dataset_mode = dataset_mode
+        self.storage_options = storage_options
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from sparktune.materialize import materialize_dataset
+        from sparktune.materialize import DATASET_MODES, find_published
+        from sparktune.streaming import describe_parquet_splits
 
+        if self.dataset_mode not in DATASET_MODES:
+            raise AirflowFailException(
+                f"dataset_mode must be one of {list(DATASET_MODES)}, got {self.dataset_mode!r}"
+            )
+        if self.dataset_mode == "streaming":
+            try:
+                summary = describe_parquet_splits(
+                    self.source, self.data_fingerprint, self.label_names, self.storage_options
+                )
+            except (FileNotFoundError, ValueError) as exc:
+                raise AirflowFailException(str(exc)) from exc
+            self.log.info("streaming mode: training reads %s directly, rows %s", self.source, summary["rows"])
+            return summary
         root = self.datasets_root or f"{settings().lake_uri}/datasets"
-        result = materialize_dataset(self.prepared_uri, root, self.data_fingerprint, list(self.labels))
+        if self.data_fingerprint:
+            found = find_published(root, self.data_fingerprint, self.storage_options)
+            if found is not None:
+                self.log.info("dataset %s already published: reused, no Spark job", found.dataset_uri)
+                return found.to_summary()
+        self.application = self.application or job_path("materialize_dataset")
+        summary_path = _run_dir(context) / "materialize_summary.json"
+        summary_path.unlink(missing_ok=True)
+        args = [
+            "--source", self.source,
+            "--source-format", self.source_format,
+            "--datasets-root", root,
+            "--split-column", self.split_column or "",
+            "--label-column", self.label_column or "",
+            "--summary-path", str(summary_path),
+        ]  # fmt: skip
+        if self.data_fingerprint:
+            args += ["--data-fingerprint", self.data_fingerprint]
+        if self.label_names is not None:
+            args += ["--label-names", json.dumps(list(self.label_names))]
+        if self.splits is not None:
+            args += ["--splits", json.dumps(list(self.splits))]
+        if self.storage_options:
+            args += ["--storage-options", json.dumps(self.storage_options)]
+        self.application_args = args
+        summary = _submit_and_read_summary(self, context, summary_path, "materialize_dataset")
         self.log.info(
-            "dataset %s: %s rows, %s (%.1f s)",
-            result.dataset_uri,
-            result.rows,
-            "reused" if result.reused else "built",
-            result.seconds,
+            "dataset %s: rows %s in %s shards, %.1f MB, %s in %.1f s",
+            summary["dataset_uri"],
+            summary["rows"],
+            summary.get("shards"),
+            (summary.get("num_bytes") or 0) / 1e6,
+            "reused" if summary["reused"] else "built",
+            summary["seconds"],
         )
-        return result.to_summary()
+        return summary
 
 
 class TrainModelOperator(BaseOperator):

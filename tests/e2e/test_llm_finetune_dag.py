@@ -121,6 +121,27 @@ def test_dataset_on_disk_is_the_fingerprinted_arrow_dataset(home, happy_run):
     assert any((home / "gx").rglob("index.html")), "Great Expectations Data Docs were not written"
 
 
+def test_streaming_mode_trains_from_the_prepared_parquet(home, happy_run):
+    # Same source and params: prepare_data finds its published output; in streaming mode the
+    # materialize task builds nothing and training reads the prepared Parquet shards.
+    client = _client(home)
+    first = client.get_model_version_by_alias("support-intent", "champion")
+    fingerprint = first.tags["data_fingerprint"]
+    marker = home / "lake" / "datasets" / fingerprint / "_SPARKTUNE_COMPLETE.json"
+    built_at = marker.stat().st_mtime_ns
+    result = run_dag(
+        home, {**FAST_TRAINING, "dataset_mode": "streaming", "model_name": "support-intent-stream"}
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    assert marker.stat().st_mtime_ns == built_at
+    champion = client.get_model_version_by_alias("support-intent-stream", "champion")
+    run = client.get_run(champion.run_id)
+    assert run.data.params["dataset_mode"] == "streaming"
+    assert run.data.params["dataset_path"] == first.tags["fine_tuned_on"]  # the prepared Parquet
+    assert run.data.tags["sparktune.data_fingerprint"] == fingerprint
+    assert "eval_accuracy" in run.data.metrics
+
+
 def test_every_task_emitted_lineage(home, happy_run):
     events = [json.loads(line) for line in (home / "lineage" / "events.jsonl").read_text().splitlines()]
     completed = {e["job"]["name"] for e in events if e.get("eventType") == "COMPLETE"}

@@ -52,3 +52,60 @@ def test_config_hash_follows_every_param():
     base = parse_params({})
     assert config_hash(base) == config_hash(parse_params({}))
     assert config_hash(base) != config_hash(parse_params({"lora_r": 8}))
+
+
+def _published_dataset(root, fingerprint: str) -> None:
+    """A finished dataset as materialize leaves it: the marker is what makes it trusted."""
+    from sparktune.materialize import MARKER
+
+    folder = root / fingerprint
+    folder.mkdir(parents=True)
+    record = {"rows": {"train": 8}, "labels": ["a", "b"], "shards": {"train": 1}, "num_bytes": 10}
+    (folder / MARKER).write_text(json.dumps(record))
+
+
+def test_materialize_reuses_a_published_version_without_spark_submit(tmp_path):
+    from sparktune_airflow.operators import MaterializeDatasetOperator
+
+    _published_dataset(tmp_path, "fp1")
+    operator = MaterializeDatasetOperator(
+        task_id="materialize",
+        source=str(tmp_path / "nowhere"),  # never read: the fingerprint is already published
+        datasets_root=str(tmp_path),
+        data_fingerprint="fp1",
+        spark_binary="/nonexistent/spark-submit",  # would fail loudly if it were called
+    )
+    summary = operator.execute(context={})
+    assert summary["reused"] and summary["dataset_uri"] == str(tmp_path / "fp1")
+    assert summary["rows"] == {"train": 8} and summary["labels"] == ["a", "b"]
+
+
+def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sparktune_airflow.operators import MaterializeDatasetOperator
+
+    for split, n in (("train", 7), ("validation", 2), ("test", 3)):
+        (tmp_path / "prepared" / f"split={split}").mkdir(parents=True)
+        table = pa.table({"prompt": ["p"] * n, "completion": [" a"] * n, "label": ["a"] * n})
+        pq.write_table(table, tmp_path / "prepared" / f"split={split}" / "part-0.parquet")
+    operator = MaterializeDatasetOperator(
+        task_id="materialize",
+        source=str(tmp_path / "prepared"),
+        datasets_root=str(tmp_path / "datasets"),
+        data_fingerprint="fp1",
+        label_names=["a"],
+        dataset_mode="streaming",
+    )
+    summary = operator.execute(context={})
+    assert summary["dataset_mode"] == "streaming"
+    assert summary["dataset_uri"] == str(tmp_path / "prepared")
+    assert summary["rows"] == {"train": 7, "validation": 2, "test": 3}
+    assert not (tmp_path / "datasets").exists()
+
+    operator.source = str(tmp_path / "missing")
+    with pytest.raises(AirflowFailException, match="no Parquet files for split 'train'"):
+        operator.execute(context={})
+    operator.dataset_mode = "in-memory"
+    with pytest.raises(AirflowFailException, match="dataset_mode must be one of"):
+        operator.execute(context={})

@@ -79,6 +79,17 @@ def test_registered_model_uri_gives_the_same_deterministic_result(root, full_run
     assert result.eval_loss == pytest.approx(test_result.eval_loss, abs=1e-5)
 
 
+def test_streaming_mode_evaluates_the_prepared_parquet_alike(root, full_run, test_result, tmp_path):
+    from sparktune.evaluation import evaluate_model
+
+    # dataset_mode=streaming hands evaluation the prepared Parquet (string labels), not a dataset.
+    prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")
+    result = evaluate_model(full_run.model_uri, str(prepared), tracking_uri=tiny_model.tracking_uri(root))
+    assert result.n_examples == test_result.n_examples == 48
+    assert result.confusion == test_result.confusion
+    assert result.eval_accuracy == test_result.eval_accuracy
+
+
 def test_untrained_local_folder_scores_lower(root, test_result):
     from sparktune.evaluation import evaluate_model
 

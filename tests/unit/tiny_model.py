@@ -76,6 +76,24 @@ def build_dataset(path: Path, n_train: int = 256, n_eval: int = 48) -> Path:
     return path
 
 
+def build_prepared_parquet(folder: Path, n_train: int = 256, n_eval: int = 48) -> Path:
+    """The tiny rows in prepare_data's layout: Parquet under split=..., labels as strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split, n, seed in (("train", n_train, 1), ("validation", n_eval, 2), ("test", n_eval, 3)):
+        rows = make_rows(n, seed)
+        for row in rows:
+            row["label"] = LABELS[row["label"]]
+        (folder / f"split={split}").mkdir(parents=True)
+        half = len(rows) // 2
+        for part, chunk in enumerate((rows[:half], rows[half:])):
+            pq.write_table(
+                pa.Table.from_pylist(chunk), folder / f"split={split}" / f"part-{part:05d}.parquet"
+            )
+    return folder
+
+
 def build_tokenizer():
     """A byte-level BPE tokenizer trained on the test corpus, with <pad>, <s>, </s>, <unk>."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

@@ -15,14 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-import tempfile
-from pathlib import Path
-from urllib.parse import unquote, urlparse
+
+from sparktune.jobs.summary import bad_input, write_summary
 
 APP_NAME = "sparktune-prepare_data"
-EXIT_BAD_INPUT = 2
 log = logging.getLogger("sparktune.jobs.prepare_data")
 
 
@@ -43,42 +40,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _local_path(path_or_uri: str) -> Path:
-    parsed = urlparse(path_or_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive
-        raise ValueError(f"--summary-path must be a local path or file:// URI, got {path_or_uri!r}")
-    return Path(path_or_uri)
-
-
-def write_summary(summary: dict, path_or_uri: str) -> Path:
-    """Write the summary JSON atomically: a reader never sees half a file."""
-    target = _local_path(path_or_uri)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(summary, handle, indent=2, sort_keys=True)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _bad_input(exc: Exception, summary_path: str | None) -> int:
-    """Record a deterministic input error where the submitter looks for the summary, then exit 2.
-
-    spark-submit only passes on an exit code; the record lets the Airflow operator tell bad
-    input (fail now) from a lost executor (retry) and show the user the actual message.
-    """
-    log.error("%s", exc)
-    if summary_path:
-        write_summary({"error": str(exc), "kind": type(exc).__name__}, summary_path)
-    return EXIT_BAD_INPUT
-
-
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -92,7 +53,7 @@ def main(argv: list[str]) -> int:
             raise InvalidParamsError([f"--params-json must be a JSON object, got {type(raw).__name__}"])
         params = parse_params(raw)
     except (json.JSONDecodeError, InvalidParamsError) as exc:
-        return _bad_input(exc, args.summary_path)
+        return bad_input(log, exc, args.summary_path)
     if args.lake_uri is None:
         from sparktune.config import settings
 
@@ -107,7 +68,7 @@ def main(argv: list[str]) -> int:
     try:
         summary = run_prepare(spark, params, args.tokenizer, args.lake_uri)
     except DataPreparationError as exc:
-        return _bad_input(exc, args.summary_path)
+        return bad_input(log, exc, args.summary_path)
     finally:
         if owns_session:
             spark.stop()

@@ -1,0 +1,442 @@
+"""Benchmark: a Spark DataFrame -> a Hugging Face dataset on disk, four ways, side by side.
+
+    make bench-materialize                      # about 0.1, 1 and 4 GB of text on local[2]
+    BENCH_SIZES_GB=0.1,1 make bench-materialize
+    python benchmarks/bench_materialize.py --sizes-gb 0.5 --master 'local[2]'
+
+The input at each size is one generated table (id, text of pseudo-random words, one of 8
+labels, a token count), written once as Parquet under SPARKTUNE_HOME/bench/materialize (the
+form prepare_data leaves data in) and read back as ``spark.read.parquet`` by every method:
+
+- ``project``: ``sparktune.materialize.write_dataset_dict``: executors write Arrow shards,
+  the label typed as ClassLabel (one extra small aggregation), shards fsynced before publishing;
+- ``from_spark``: ``datasets.Dataset.from_spark(df, cache_dir=...)``;
+- ``parquet_roundtrip``: ``df.write.parquet`` then ``load_dataset("parquet", ...)`` (its Arrow cache);
+- ``to_pandas``: ``toPandas()`` (Arrow enabled), ``Dataset.from_pandas``, ``save_to_disk``;
+  skipped where the measured memory per GB says it would not fit in this machine's RAM;
+- ``arrow_write_floor``: the project's Arrow table, already in memory, written with pyarrow
+  alone to one IPC stream file on the same disk and fsynced (the bytes every method must write).
+
+Every method runs in a fresh process with its own Spark session (started before the clock);
+``os.sync()`` runs between methods so one method's dirty pages do not slow the next. Peak RSS is
+sampled every 20 ms: ``peak_driver_rss_mb`` is the Python driver process (where from_spark and
+toPandas bring data back), ``peak_jvm_rss_mb`` the local-mode JVM (driver + executors).
+
+Prints a table and writes SPARKTUNE_HOME/bench/materialize.json. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_SIZES_GB = "0.1,1,4"
+METHODS = ("project", "from_spark", "parquet_roundtrip", "to_pandas", "arrow_write_floor")
+LABELS = ("billing", "shipping", "login", "refund", "account", "cancel", "technical", "other")
+MEAN_WORDS = 40  # about 250 bytes of text per row
+ROW_BYTES = 250
+
+
+def settings_home() -> Path:
+    return Path(os.environ.get("SPARKTUNE_HOME", ".local")).expanduser().resolve()
+
+
+def parse_sizes(text: str) -> list[float]:
+    sizes = [float(part) for part in text.split(",") if part.strip()]
+    if not sizes or any(size <= 0 for size in sizes):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive sizes in GB, got {text!r}")
+    return sizes
+
+
+def size_label(size_gb: float) -> str:
+    return f"{size_gb:g}gb"
+
+
+# --------------------------------------------------------------------------------------------
+# Measurement inside one method's process
+
+
+class PeakRss:
+    """Peak RSS of this process and of its JVM child, sampled every ``interval`` seconds."""
+
+    def __init__(self, interval: float = 0.02):
+        import psutil
+
+        self.process = psutil.Process()
+        self.interval = interval
+        self.driver = 0
+        self.jvm = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PeakRss:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        import psutil
+
+        self.driver = max(self.driver, self.process.memory_info().rss)
+        for child in self.process.children(recursive=True):
+            try:
+                if child.name() == "java":
+                    self.jvm = max(self.jvm, child.memory_info().rss)
+            except psutil.NoSuchProcess:
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+
+def spark_session(master: str, driver_memory: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("sparktune-bench-materialize")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def generate_source(spark: Any, path: Path, size_gb: float) -> int:
+    """Write the benchmark table as Parquet; returns its row count."""
+    import random
+
+    from pyspark.sql import functions as F
+
+    rows = int(size_gb * 1e9 / ROW_BYTES)
+    rng = random.Random(7)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(2000)]
+    words = F.array(*[F.lit(w) for w in vocab])
+    n_words = (F.pmod(F.xxhash64("id", F.lit(1)), F.lit(2 * MEAN_WORDS - 10)) + 5).cast("int")
+    text = F.concat_ws(
+        " ",
+        F.transform(
+            F.sequence(F.lit(1), n_words),
+            lambda i: F.element_at(words, (F.pmod(F.xxhash64("id", i), F.lit(len(vocab))) + 1).cast("int")),
+        ),
+    )
+    labels = F.array(*[F.lit(label) for label in LABELS])
+    partitions = max(2, int(size_gb * 8))
+    df = spark.range(0, rows, numPartitions=partitions).select(
+        F.format_string("ex-%012d", "id").alias("example_id"),
+        text.alias("text"),
+        F.element_at(labels, (F.pmod(F.col("id"), F.lit(len(LABELS))) + 1).cast("int")).alias("label"),
+        (n_words + 12).alias("n_tokens"),
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    df.write.parquet(str(tmp))
+    tmp.rename(path)
+    return rows
+
+
+def run_method(method: str, source: Path, work: Path, master: str, driver_memory: str) -> dict[str, Any]:
+    """Run one method in this process; returns seconds, rows and peaks."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    out = work / method
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    extra: dict[str, Any] = {}
+    if method == "arrow_write_floor":
+        import pyarrow as pa
+
+        project = datasets.load_from_disk(str(work / "project" / "ds"))["train"]
+        table = pa.concat_tables([pa.ipc.open_stream(f["filename"]).read_all() for f in project.cache_files])
+        table = table.combine_chunks()  # in memory, one contiguous buffer per column
+        target = out / "floor.arrow"
+        with PeakRss() as peak:
+            started = time.perf_counter()
+            with pa.OSFile(str(target), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=10_000)
+            cached = time.perf_counter() - started
+            fd = os.open(target, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+            seconds = time.perf_counter() - started
+        extra["seconds_without_fsync"] = round(cached, 3)
+        extra["bytes"] = target.stat().st_size
+        return {"seconds": seconds, "rows": table.num_rows, "peak": peak, **extra}
+
+    spark = spark_session(master, driver_memory)
+    df = spark.read.parquet(str(source))
+    with PeakRss() as peak:
+        started = time.perf_counter()
+        if method == "project":
+            from sparktune.materialize import write_dataset_dict
+
+            result = write_dataset_dict(df, str(out / "ds"), data_fingerprint="bench", split_column=None)
+            rows = result.rows["train"]
+            extra["shards"] = result.shards["train"]
+            extra["bytes"] = result.num_bytes
+        elif method == "from_spark":
+            ds = datasets.Dataset.from_spark(df, cache_dir=str(out / "cache"))
+            rows = len(ds)
+        elif method == "parquet_roundtrip":
+            df.write.parquet(str(out / "parquet"))
+            ds = datasets.load_dataset(
+                "parquet",
+                data_files=str(out / "parquet" / "*.parquet"),
+                split="train",
+                cache_dir=str(out / "cache"),
+            )
+            rows = len(ds)
+        elif method == "to_pandas":
+            ds = datasets.Dataset.from_pandas(df.toPandas(), preserve_index=False)
+            ds.save_to_disk(str(out / "ds"))
+            rows = len(ds)
+        else:
+            raise ValueError(f"unknown method {method!r}")
+        seconds = time.perf_counter() - started
+    spark.stop()
+    return {"seconds": seconds, "rows": rows, "peak": peak, **extra}
+
+
+def child_main(args: argparse.Namespace) -> int:
+    result = run_method(args.one, Path(args.source), Path(args.work), args.master, args.driver_memory)
+    peak = result.pop("peak")
+    result["peak_driver_rss_mb"] = round(peak.driver / 2**20, 1)
+    result["peak_jvm_rss_mb"] = round(peak.jvm / 2**20, 1) if peak.jvm else None
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Orchestration
+
+
+def run_child(method: str, source: Path, work: Path, args: argparse.Namespace) -> dict[str, Any] | str:
+    """One method in a fresh process: its result, or the tail of its log when it failed."""
+    result_path = work / f"{method}.result.json"
+    result_path.unlink(missing_ok=True)
+    os.sync()  # the previous method's dirty pages must not be flushed on this one's clock
+    command = [
+        sys.executable,
+        __file__,
+        "--one",
+        method,
+        "--source",
+        str(source),
+        "--work",
+        str(work),
+        "--result",
+        str(result_path),
+        "--master",
+        args.master,
+        "--driver-memory",
+        args.driver_memory,
+    ]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "TOKENIZERS_PARALLELISM": "false"}
+    log_path = work / f"{method}.log"
+    with log_path.open("w") as log:
+        code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if code != 0 or not result_path.exists():
+        return f"exit code {code}: " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
+    return json.loads(result_path.read_text())
+
+
+def to_pandas_fits(size_gb: float, results: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Whether toPandas at ``size_gb`` would fit in RAM, judged from the largest measured run."""
+    import psutil
+
+    measured = [
+        r for r in results if r["method"] == "to_pandas" and r.get("peak_driver_rss_mb") and r["size_gb"] > 0
+    ]
+    if not measured:
+        return True, ""
+    largest = max(measured, key=lambda r: r["size_gb"])
+    per_gb = (largest["peak_driver_rss_mb"] + (largest.get("peak_jvm_rss_mb") or 0)) / largest["size_gb"]
+    needed_mb = per_gb * size_gb
+    available_mb = psutil.virtual_memory().available / 2**20
+    if needed_mb < 0.8 * available_mb:
+        return True, ""
+    return False, (
+        f"skipped: at {per_gb:,.0f} MB of driver + JVM memory per GB (measured at {largest['size_gb']:g} GB) "
+        f"it would need about {needed_mb / 1024:,.1f} GB; {available_mb / 1024:,.1f} GB are available"
+    )
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    header = (
+        f"{'size':>6} {'method':<18} {'seconds':>9} {'rows/s':>11} {'driver MB':>10} {'JVM MB':>8} "
+        f"{'vs project':>10}  note"
+    )
+    print(header)
+    print("-" * len(header))
+    project = {r["size_gb"]: r["seconds"] for r in results if r["method"] == "project" and r.get("seconds")}
+    for r in results:
+        seconds = r.get("seconds")
+        ratio = f"{seconds / project[r['size_gb']]:.2f}x" if seconds and r["size_gb"] in project else "-"
+        print(
+            f"{size_label(r['size_gb']):>6} {r['method']:<18} {_num(seconds, '.1f'):>9} "
+            f"{_num(r.get('rows_per_s'), ',.0f'):>11} {_num(r.get('peak_driver_rss_mb'), ',.0f'):>10} "
+            f"{_num(r.get('peak_jvm_rss_mb'), ',.0f'):>8} {ratio:>10}  {r.get('note', '')}"
+        )
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def check_targets(results: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets, each as a line saying met or missed with the measured ratio."""
+    lines = []
+    by = {(r["size_gb"], r["method"]): r for r in results if r.get("seconds")}
+    sizes = sorted({r["size_gb"] for r in results})
+    for size in sizes:
+        project = by.get((size, "project"))
+        if not project:
+            continue
+        for method, target in (("parquet_roundtrip", 1.5), ("from_spark", 2.0)):
+            other = by.get((size, method))
+            if other:
+                ratio = other["seconds"] / project["seconds"]
+                verdict = "met" if ratio >= target else "MISSED"
+                lines.append(
+                    f"{size_label(size)}: {ratio:.2f}x faster than {method} (target {target}x): {verdict}"
+                )
+    largest = max(sizes)
+    project, floor = by.get((largest, "project")), by.get((largest, "arrow_write_floor"))
+    if project and floor:
+        ratio = project["seconds"] / floor["seconds"]
+        lines.append(
+            f"{size_label(largest)}: {ratio:.2f}x the pyarrow write floor (target within 2x): "
+            + ("met" if ratio <= 2 else "MISSED")
+        )
+    if project:
+        rss = project["peak_driver_rss_mb"]
+        lines.append(
+            f"{size_label(largest)}: driver peak RSS {rss:,.0f} MB (target under 1 GB): "
+            + ("met" if rss < 1024 else "MISSED")
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_materialize", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--sizes-gb",
+        type=parse_sizes,
+        default=parse_sizes(os.environ.get("BENCH_SIZES_GB") or DEFAULT_SIZES_GB),
+        help=f"comma-separated sizes of text in GB (default: BENCH_SIZES_GB or {DEFAULT_SIZES_GB})",
+    )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS)
+    )
+    parser.add_argument("--master", default=os.environ.get("BENCH_MASTER", "local[2]"))
+    parser.add_argument("--driver-memory", default=os.environ.get("BENCH_DRIVER_MEMORY", "4g"))
+    parser.add_argument(
+        "--out", default=None, help="JSON path (default SPARKTUNE_HOME/bench/materialize.json)"
+    )
+    # Internal: run one method in this process.
+    parser.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        return child_main(args)
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
+    if "arrow_write_floor" in methods and "project" not in methods:
+        parser.error("arrow_write_floor writes the project's table: include project in --methods")
+    bench = settings_home() / "bench"
+    out = Path(args.out) if args.out else bench / "materialize.json"
+    results: list[dict[str, Any]] = []
+    for size in sorted(args.sizes_gb):
+        source = bench / "materialize" / f"source-{size_label(size)}"
+        if not source.exists():
+            print(f"generating the {size_label(size)} source table at {source} ...", flush=True)
+            spark = spark_session(args.master, args.driver_memory)
+            generate_source(spark, source, size)
+            spark.stop()
+        work = bench / "materialize" / f"work-{size_label(size)}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        for method in methods:
+            record: dict[str, Any] = {"size_gb": size, "method": method}
+            if method == "to_pandas":
+                fits, why = to_pandas_fits(size, results)
+                if not fits:
+                    record.update(seconds=None, rows_per_s=None, peak_driver_rss_mb=None, note=why)
+                    results.append(record)
+                    print_progress(record)
+                    continue
+            outcome = run_child(method, source, work, args)
+            if isinstance(outcome, str):
+                record.update(
+                    seconds=None, rows_per_s=None, peak_driver_rss_mb=None, note=f"failed: {outcome}"
+                )
+            else:
+                record.update(
+                    seconds=round(outcome["seconds"], 3),
+                    rows_per_s=round(outcome["rows"] / outcome["seconds"]),
+                    peak_driver_rss_mb=outcome["peak_driver_rss_mb"],
+                    peak_jvm_rss_mb=outcome.get("peak_jvm_rss_mb"),
+                    rows=outcome["rows"],
+                    **{k: outcome[k] for k in ("shards", "bytes", "seconds_without_fsync") if k in outcome},
+                )
+            results.append(record)
+            print_progress(record)
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print_table(results)
+    targets = check_targets(results)
+    print()
+    for line in targets:
+        print(line)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "results": results,
+        "targets": targets,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "master": args.master,
+            "driver_memory": args.driver_memory,
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    seconds = record.get("seconds")
+    shown = f"{seconds:.1f} s" if seconds else record.get("note", "")
+    print(f"  {size_label(record['size_gb'])} {record['method']:<18} {shown}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
