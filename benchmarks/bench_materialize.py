@@ -8,8 +8,11 @@ The input at each size is one generated table (id, text of pseudo-random words, 
 labels, a token count), written once as Parquet under SPARKTUNE_HOME/bench/materialize (the
 form prepare_data leaves data in) and read back as ``spark.read.parquet`` by every method:
 
-- ``project``: ``sparktune.materialize.write_dataset_dict``: executors write Arrow shards,
-  the label typed as ClassLabel (one extra small aggregation), shards fsynced before publishing;
+- ``project``: ``sparktune.materialize`` as the DAG calls it on Parquet: each Spark task reads
+  its row groups with pyarrow and writes an Arrow shard, the label encoded as a ClassLabel,
+  shards fsynced before publishing;
+- ``project_dataframe``: the project's path for any other DataFrame (a table, a query): rows
+  reach the executors' Python through ``mapInArrow``, then the same shard writer;
 - ``from_spark``: ``datasets.Dataset.from_spark(df, cache_dir=...)``;
 - ``parquet_roundtrip``: ``df.write.parquet`` then ``load_dataset("parquet", ...)`` (its Arrow cache);
 - ``to_pandas``: ``toPandas()`` (Arrow enabled), ``Dataset.from_pandas``, ``save_to_disk``;
@@ -40,7 +43,14 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_SIZES_GB = "0.1,1,4"
-METHODS = ("project", "from_spark", "parquet_roundtrip", "to_pandas", "arrow_write_floor")
+METHODS = (
+    "project",
+    "project_dataframe",
+    "from_spark",
+    "parquet_roundtrip",
+    "to_pandas",
+    "arrow_write_floor",
+)
 LABELS = ("billing", "shipping", "login", "refund", "account", "cancel", "technical", "other")
 MEAN_WORDS = 40  # about 250 bytes of text per row
 ROW_BYTES = 250
@@ -188,10 +198,15 @@ def run_method(method: str, source: Path, work: Path, master: str, driver_memory
     df = spark.read.parquet(str(source))
     with PeakRss() as peak:
         started = time.perf_counter()
-        if method == "project":
-            from sparktune.materialize import write_dataset_dict
+        if method in ("project", "project_dataframe"):
+            from sparktune.materialize import write_dataset_dict, write_dataset_dict_from_parquet
 
-            result = write_dataset_dict(df, str(out / "ds"), data_fingerprint="bench", split_column=None)
+            # As the DAG calls it: the label names come from prepare_data's summary.
+            options = {"data_fingerprint": "bench", "split_column": None, "label_names": sorted(LABELS)}
+            if method == "project":  # what materialize_dataset does with a Parquet source
+                result = write_dataset_dict_from_parquet(spark, str(source), str(out / "ds"), **options)
+            else:  # any other DataFrame (a table, a query): rows go through mapInArrow
+                result = write_dataset_dict(df, str(out / "ds"), **options)
             rows = result.rows["train"]
             extra["shards"] = result.shards["train"]
             extra["bytes"] = result.num_bytes

@@ -19,6 +19,7 @@ dataset that a later run would use. Checking for a published dataset needs no Sp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,6 +42,15 @@ FORMAT_VERSION = 1
 DEFAULT_SPLIT = "train"
 # Arrow batches Spark hands each Python worker; bigger batches mean fewer, larger IPC messages.
 ARROW_BATCH_ROWS = 65_536
+# Rows per record batch in the written shards (save_to_disk writes 1,000); readers iterate in
+# their own batch sizes whatever the layout, and fewer batches mean less metadata.
+WRITER_BATCH_ROWS = 10_000
+# Parquet row groups are grouped into work units of about this many uncompressed bytes: one
+# Spark task and one shard each.
+UNIT_BYTES = 256 * 2**20
+# Below this much Parquet the shards are written in the calling process (see
+# write_dataset_dict_from_parquet); measured in benchmarks/bench_materialize.py.
+LOCAL_BELOW_BYTES = 256 * 2**20
 SHARD_RECORD_DDL = "split string, partition int, filename string, num_rows long, num_bytes long"
 DATASET_MODES = ("materialized", "streaming")
 log = logging.getLogger(__name__)
@@ -133,58 +143,107 @@ def _fsync(path: str, fs: Any) -> None:
             os.close(fd)
 
 
-def _shard_writer(
-    *,
-    tmp_uri: str,
-    features_json: dict,
-    split_column: str | None,
-    label_column: str | None,
-    label_names: list[str] | None,
-    storage_options: dict | None,
-):
-    """The function each Spark task runs: its rows -> one Arrow shard per split, one record per shard."""
+def _open_sink(path: str, fs: Any) -> Any:
+    import pyarrow as pa
 
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import datasets
+    # pyarrow's own file for local disks (no Python in the write loop); fsspec elsewhere.
+    return pa.OSFile(path, "wb") if _is_local(fs) else fs.open(path, "wb")
+
+
+class _ShardSink:
+    """One Arrow IPC stream file being written by an executor; fsynced when closed."""
+
+    def __init__(self, fs: Any, tmp: str, split: str, partition: int, token: str, schema: pa.Schema):
         import pyarrow as pa
-        import pyarrow.compute as pc
-        from datasets.arrow_writer import ArrowWriter
-        from pyspark import TaskContext
 
-        context = TaskContext.get()
-        partition = context.partitionId() if context else 0
-        # Unique per attempt: a retried or speculative task never appends to a dead attempt's file.
-        token = uuid.uuid4().hex[:12]
-        features = datasets.Features.from_dict(features_json)
-        value_set = pa.array(label_names, pa.string()) if label_names is not None else None
-        fs, _ = _fs(tmp_uri, storage_options)
-        writers: dict[str, tuple[Any, str]] = {}
+        fs.makedirs(posixpath.join(tmp, split), exist_ok=True)
+        self.fs, self.split, self.partition = fs, split, partition
+        self.path = posixpath.join(tmp, split, f"data-{partition:05d}-{token}.arrow")
+        self.sink = _open_sink(self.path, fs)
+        self.writer = pa.ipc.new_stream(self.sink, schema)
+        self.rows = 0
+        self.bytes = 0
 
-        def writer_for(split: str) -> Any:
-            if split not in writers:
-                path = posixpath.join(tmp_uri, split, f"data-{partition:05d}-{token}.arrow")
-                fs.makedirs(posixpath.dirname(_fs(path, storage_options)[1]), exist_ok=True)
-                writers[split] = (
-                    ArrowWriter(features=features, path=path, storage_options=storage_options),
-                    path,
-                )
-            return writers[split][0]
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table, max_chunksize=WRITER_BATCH_ROWS)
+        self.rows += table.num_rows
+        self.bytes += table.nbytes
 
-        def encode(table: pa.Table) -> pa.Table:
-            if value_set is None:
-                return table
+    def close(self) -> dict[str, Any]:
+        self.writer.close()
+        self.sink.close()
+        _fsync(self.path, self.fs)
+        return {
+            "split": self.split,
+            "partition": self.partition,
+            "filename": posixpath.basename(self.path),
+            "num_rows": self.rows,
+            "num_bytes": self.bytes,
+        }
+
+
+def _encoder(schema: pa.Schema, label_column: str | None, label_names: list[str] | None):
+    """``table -> table`` in the dataset's types, labels as ClassLabel ids (unknown labels fail)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    value_set = pa.array(label_names, pa.string()) if label_column and label_names is not None else None
+
+    def encode(table: pa.Table) -> pa.Table:
+        if value_set is not None:
             labels = table[label_column]
             ids = pc.index_in(labels, value_set=value_set)
             unknown = pc.sum(pc.and_(pc.is_null(ids), pc.is_valid(labels))).as_py() or 0
             if unknown:
                 examples = pc.unique(pc.filter(labels, pc.is_null(ids))).to_pylist()[:5]
                 raise MaterializeError(
-                    f"{unknown} row(s) have labels outside the declared label names {label_names}, "
-                    f"e.g. {examples}; pass label_names=None to take them from the data"
+                    f"labels {sorted(examples)} are not among the declared label names "
+                    f"{list(label_names)}; add them, or pass label_names=None to take them from the data"
                 )
-            return table.set_column(
-                table.schema.get_field_index(label_column), label_column, ids.cast(pa.int64())
-            )
+            table = table.set_column(table.schema.get_field_index(label_column), label_column, ids)
+        return table.select(schema.names).cast(schema)
+
+    return encode
+
+
+def _dataframe_shard_writer(
+    *,
+    tmp_uri: str,
+    schema: pa.Schema,
+    split_column: str | None,
+    label_column: str | None,
+    label_names: list[str] | None,
+    expected_splits: list[str] | None,
+    storage_options: dict | None,
+):
+    """What each Spark task runs on its rows: one Arrow shard per split, one record per shard.
+
+    Only pyarrow runs here (no ``datasets`` import per Python worker, about 0.4 s each):
+    ``schema`` already carries the Hugging Face features as metadata, as ``ArrowWriter`` writes.
+    """
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        # Unique per attempt: a retried or speculative task never appends to a dead attempt's file.
+        token = uuid.uuid4().hex[:12]
+        encode = _encoder(schema, label_column, label_names)
+        fs, tmp = _fs(tmp_uri, storage_options)
+        shards: dict[str, _ShardSink] = {}
+
+        def shard_for(split: str | None) -> _ShardSink:
+            if split not in shards:
+                if split is None or (expected_splits is not None and split not in expected_splits):
+                    raise MaterializeError(
+                        f"a row has {split_column!r} = {split!r}, not one of the expected splits "
+                        f"{expected_splits}; fix the {split_column!r} column or pass splits=None"
+                    )
+                shards[split] = _ShardSink(fs, tmp, split, partition, token, schema)
+            return shards[split]
 
         for batch in batches:
             table = pa.Table.from_batches([batch])
@@ -200,39 +259,78 @@ def _shard_writer(
                     else [(s, table.filter(pc.equal(values, s))) for s in splits]
                 )
             for split, part in groups:
-                if split is None:
-                    raise MaterializeError(f"rows with a null {split_column!r}: every row needs a split name")
-                writer_for(split).write_table(encode(part))
-
-        records = []
-        for split, (writer, path) in writers.items():
-            num_rows, num_bytes = writer.finalize()
-            writer.close()
-            _fsync(_fs(path, storage_options)[1], fs)
-            records.append(
-                {
-                    "split": split,
-                    "partition": partition,
-                    "filename": posixpath.basename(path),
-                    "num_rows": num_rows,
-                    "num_bytes": num_bytes,
-                }
-            )
+                shard_for(split).write(encode(part))
+        records = [shard.close() for shard in shards.values()]
         if records:
-            yield pa.RecordBatch.from_pylist(
-                records,
-                schema=pa.schema(
-                    [
-                        ("split", pa.string()),
-                        ("partition", pa.int32()),
-                        ("filename", pa.string()),
-                        ("num_rows", pa.int64()),
-                        ("num_bytes", pa.int64()),
-                    ]
-                ),
-            )
+            yield pa.RecordBatch.from_pylist(records, schema=_shard_record_schema())
 
     return write
+
+
+def _parquet_unit_writer(
+    *,
+    tmp_uri: str,
+    units: list[dict[str, Any]],
+    schema: pa.Schema,
+    label_column: str | None,
+    label_names: list[str] | None,
+    storage_options: dict | None,
+):
+    """What each Spark task runs for Parquet sources: read its unit (a file's row groups) with
+    pyarrow and write it as one shard. No row passes through the JVM."""
+
+    def write(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        token = uuid.uuid4().hex[:12]
+        encode = _encoder(schema, label_column, label_names)
+        fs, tmp = _fs(tmp_uri, storage_options)
+        records = []
+        for batch in ids:
+            for unit_id in batch.column(0).to_pylist():
+                unit = units[unit_id]
+                shard = _ShardSink(fs, tmp, unit["split"], unit_id, token, schema)
+                source_fs, path = _fs(unit["file"], storage_options)
+                # Local files are read by pyarrow's native reader; fsspec serves other stores.
+                with (
+                    contextlib.nullcontext(path)
+                    if _is_local(source_fs)
+                    else source_fs.open(path, "rb") as src
+                ):
+                    reader = pq.ParquetFile(src)
+                    for part in reader.iter_batches(
+                        batch_size=ARROW_BATCH_ROWS, row_groups=unit["row_groups"], columns=schema.names
+                    ):
+                        shard.write(encode(pa.Table.from_batches([part])))
+                records.append(shard.close())
+        if records:
+            yield pa.RecordBatch.from_pylist(records, schema=_shard_record_schema())
+
+    return write
+
+
+def _shard_record_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("split", pa.string()),
+            ("partition", pa.int32()),
+            ("filename", pa.string()),
+            ("num_rows", pa.int64()),
+            ("num_bytes", pa.int64()),
+        ]
+    )
+
+
+def _executor_error(exc: Exception) -> MaterializeError | None:
+    """The MaterializeError an executor raised, out of the PythonException Spark wraps it in."""
+    text = str(exc)
+    marker = "MaterializeError: "
+    if marker not in text:
+        return None
+    return MaterializeError(text.split(marker, 1)[1].strip().splitlines()[0])
 
 
 def _write_split_metadata(
@@ -307,79 +405,41 @@ def _publish(fs: Any, tmp: str, final: str, record: dict) -> bool:
     return True
 
 
-def write_dataset_dict(
-    df: DataFrame,
+def _absolute(uri: str) -> str:
+    # Executors resolve relative paths against their own working directory.
+    return uri if "://" in uri else os.path.abspath(uri)
+
+
+def _build(
+    spark: SparkSession,
     target_uri: str,
     *,
+    write_shards: Any,
+    features: datasets.Features,
     data_fingerprint: str,
-    split_column: str | None = "split",
-    label_column: str | None = "label",
-    label_names: list[str] | None = None,
-    splits: list[str] | None = None,
-    storage_options: dict | None = None,
-    arrow_batch_rows: int = ARROW_BATCH_ROWS,
+    label_column: str | None,
+    label_names: list[str] | None,
+    splits: list[str] | None,
+    storage_options: dict | None,
+    started: float,
 ) -> MaterializedDataset:
-    """Write ``df`` as a DatasetDict at ``target_uri`` through the executors; nothing is collected.
-
-    ``split_column`` names the column that assigns rows to splits (dropped from the features);
-    without it every row goes to ``train``. ``label_names`` fixes the ``ClassLabel`` order;
-    ``None`` takes the sorted distinct labels (a small aggregation, not the data). Set
-    ``label_column=None`` to keep labels as they are (e.g. free text for generation tasks).
-    """
-    started = time.monotonic()
-    if "://" not in target_uri:  # executors resolve paths on their own working directory
-        target_uri = os.path.abspath(target_uri)
-    if split_column and split_column not in df.columns:
-        split_column = None
-    if label_column and label_column not in df.columns:
-        raise MaterializeError(
-            f"label column {label_column!r} is not in the data (columns: {df.columns}); "
-            "pass label_column=<your label column>, or label_column=None for no ClassLabel"
-        )
-    # One small aggregation (two low-cardinality columns) checks the split and label values on
-    # the driver, so bad input fails with a plain message before any shard is written.
-    keys = [c for c in (split_column, label_column) if c]
-    combos = [row.asDict() for row in df.select(*keys).distinct().collect()] if keys else []
-    if split_column:
-        found_splits = {c[split_column] for c in combos}
-        if None in found_splits:
-            raise MaterializeError(f"some rows have a null {split_column!r}: every row needs a split name")
-        extra = sorted(found_splits - set(splits or found_splits))
-        if extra:
-            raise MaterializeError(
-                f"the data has rows in split(s) {extra} beyond the expected {list(splits or [])}; "
-                f"fix the {split_column!r} column or pass splits=None"
-            )
-    if label_column:
-        found_labels = {str(c[label_column]) for c in combos if c[label_column] is not None}
-        if label_names is None:
-            label_names = sorted(found_labels)
-        elif found_labels - set(label_names):
-            raise MaterializeError(
-                f"labels {sorted(found_labels - set(label_names))} are not among the declared label "
-                f"names {list(label_names)}; add them, or pass label_names=None to take them from the data"
-            )
-    features = dataset_features(df, split_column, label_column, label_names)
-
+    """Run ``write_shards(tmp_uri) -> shard records`` on Spark, then describe and publish the folder."""
     fs, final = _fs(target_uri, storage_options)
+    name = posixpath.basename(final.rstrip("/"))
     parent = posixpath.dirname(final.rstrip("/"))
-    tmp = posixpath.join(parent, f"_tmp-{posixpath.basename(final.rstrip('/'))}-{uuid.uuid4().hex[:8]}")
-    tmp_uri = target_uri.rstrip("/").rsplit("/", 1)[0] + "/" + posixpath.basename(tmp)
-    _remove_stale_temp_folders(fs, parent, posixpath.basename(final.rstrip("/")))
+    tmp_name = f"_tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp = posixpath.join(parent, tmp_name)
+    tmp_uri = target_uri.rstrip("/").rsplit("/", 1)[0] + "/" + tmp_name
+    _remove_stale_temp_folders(fs, parent, name)
     fs.makedirs(tmp, exist_ok=True)
-    spark = df.sparkSession
-    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch_rows))
     try:
-        writer = _shard_writer(
-            tmp_uri=tmp_uri,
-            features_json=features.to_dict(),
-            split_column=split_column,
-            label_column=label_column,
-            label_names=label_names,
-            storage_options=storage_options,
-        )
-        records = [row.asDict() for row in df.mapInArrow(writer, SHARD_RECORD_DDL).collect()]
+        try:
+            records = write_shards(tmp_uri)
+        except Exception as exc:
+            known = _executor_error(exc)
+            if known is not None:
+                raise known from None
+            raise
         by_split: dict[str, list[dict]] = {}
         for record in sorted(records, key=lambda r: (r["split"], r["partition"])):
             by_split.setdefault(record["split"], []).append(record)
@@ -409,11 +469,6 @@ def write_dataset_dict(
         if fs.exists(tmp):
             fs.rm(tmp, recursive=True)
         raise
-    finally:
-        if previous is None:
-            spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-        else:
-            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
     if not published:
         log.info("another task published %s first; keeping that one", target_uri)
         found = find_published(posixpath.dirname(target_uri.rstrip("/")), data_fingerprint, storage_options)
@@ -428,6 +483,241 @@ def write_dataset_dict(
         seconds=time.monotonic() - started,
         shards=shards,
         num_bytes=num_bytes,
+    )
+
+
+def _distinct_labels(df: DataFrame, label_column: str) -> list[str]:
+    # The one pass over the data besides the write: a distinct of a low-cardinality column.
+    # The pipeline passes the labels prepare_data found instead, and executors check them.
+    from pyspark.sql import functions as F
+
+    found = df.select(label_column).where(F.col(label_column).isNotNull()).distinct().collect()
+    return sorted(str(row[0]) for row in found)
+
+
+def _missing_label_column(label_column: str, columns: list[str]) -> MaterializeError:
+    return MaterializeError(
+        f"label column {label_column!r} is not in the data (columns: {columns}); "
+        "pass label_column=<your label column>, or label_column=None for no ClassLabel"
+    )
+
+
+def write_dataset_dict(
+    df: DataFrame,
+    target_uri: str,
+    *,
+    data_fingerprint: str,
+    split_column: str | None = "split",
+    label_column: str | None = "label",
+    label_names: list[str] | None = None,
+    splits: list[str] | None = None,
+    storage_options: dict | None = None,
+    arrow_batch_rows: int = ARROW_BATCH_ROWS,
+) -> MaterializedDataset:
+    """Write any DataFrame as a DatasetDict at ``target_uri`` through the executors (``mapInArrow``).
+
+    ``split_column`` names the column that assigns rows to splits (dropped from the features);
+    without it every row goes to ``train``. ``label_names`` fixes the ``ClassLabel`` order;
+    ``None`` takes the sorted distinct labels (a small aggregation, not the data). Set
+    ``label_column=None`` to keep labels as they are (e.g. free text for generation tasks).
+    Nothing is collected but one small record per shard.
+    """
+    started = time.monotonic()
+    target_uri = _absolute(target_uri)
+    if split_column and split_column not in df.columns:
+        split_column = None
+    if label_column and label_column not in df.columns:
+        raise _missing_label_column(label_column, df.columns)
+    if label_column and label_names is None:
+        label_names = _distinct_labels(df, label_column)
+    features = dataset_features(df, split_column, label_column, label_names)
+    spark = df.sparkSession
+
+    def write_shards(tmp_uri: str) -> list[dict]:
+        writer = _dataframe_shard_writer(
+            tmp_uri=tmp_uri,
+            schema=features.arrow_schema,
+            split_column=split_column,
+            label_column=label_column,
+            label_names=label_names,
+            expected_splits=list(splits) if splits else None,
+            storage_options=storage_options,
+        )
+        previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(arrow_batch_rows))
+        try:
+            return [row.asDict() for row in df.mapInArrow(writer, SHARD_RECORD_DDL).collect()]
+        finally:
+            if previous is None:
+                spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+            else:
+                spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+
+    return _build(
+        spark,
+        target_uri,
+        write_shards=write_shards,
+        features=features,
+        data_fingerprint=data_fingerprint,
+        label_column=label_column,
+        label_names=label_names,
+        splits=splits,
+        storage_options=storage_options,
+        started=started,
+    )
+
+
+def parquet_files(uri: str, storage_options: dict | None = None) -> list[str]:
+    """The data files of a Parquet folder (or one file), skipping ``_``/``.`` entries like Spark does."""
+    fs, root = _fs(uri, storage_options)
+    if fs.isfile(root):
+        return [_uri(fs, root)]
+    found = []
+    for path in sorted(fs.find(root)):
+        relative = path[len(root.rstrip("/")) + 1 :]
+        if path.endswith(".parquet") and not any(p.startswith(("_", ".")) for p in relative.split("/")):
+            found.append(_uri(fs, path))
+    return found
+
+
+def _split_of(file_uri: str, root_uri: str, split_column: str | None) -> str | None:
+    from urllib.parse import unquote
+
+    if not split_column:
+        return DEFAULT_SPLIT
+    relative = file_uri[len(root_uri.rstrip("/")) + 1 :]
+    for part in relative.split("/")[:-1]:
+        if part.startswith(f"{split_column}="):
+            return unquote(part.split("=", 1)[1])
+    return None
+
+
+def _parquet_units(files: list[str], storage_options: dict | None) -> list[tuple[str, list[int]]]:
+    """``(file, row groups)`` work units of about UNIT_BYTES uncompressed each, from the footers."""
+    import pyarrow.parquet as pq
+
+    units = []
+    for uri in files:
+        fs, path = _fs(uri, storage_options)
+        with fs.open(path, "rb") as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        group: list[int] = []
+        size = 0
+        for index in range(metadata.num_row_groups):
+            group.append(index)
+            size += metadata.row_group(index).total_byte_size
+            if size >= UNIT_BYTES:
+                units.append((uri, group))
+                group, size = [], 0
+        if group or not units or units[-1][0] != uri:
+            units.append((uri, group))
+    return units
+
+
+def write_dataset_dict_from_parquet(
+    spark: SparkSession | None,
+    parquet_uri: str,
+    target_uri: str,
+    *,
+    data_fingerprint: str,
+    split_column: str | None = "split",
+    label_column: str | None = "label",
+    label_names: list[str] | None = None,
+    splits: list[str] | None = None,
+    storage_options: dict | None = None,
+    local_below_bytes: int = LOCAL_BELOW_BYTES,
+) -> MaterializedDataset:
+    """Like ``write_dataset_dict`` for Parquet (what prepare_data writes), and faster.
+
+    Spark only schedules the work: each task reads its Parquet row groups with pyarrow and writes
+    them as one Arrow shard, so no row is decoded into the JVM and converted back to Arrow.
+    Splits come from ``<split_column>=<name>`` folders (Hive partitioning, as Spark writes them).
+
+    Below ``local_below_bytes`` of Parquet (or with ``spark=None``) the same units are written
+    by a thread pool in this process instead: a cold Spark job with Python workers costs about
+    4 s here, more than converting 256 MB takes. Memory stays one batch per thread either way.
+    """
+    import datasets
+    import pyarrow.parquet as pq
+
+    started = time.monotonic()
+    parquet_uri, target_uri = _absolute(parquet_uri), _absolute(target_uri)
+    files = parquet_files(parquet_uri, storage_options)
+    if not files:
+        raise MaterializeError(
+            f"{parquet_uri} holds no .parquet files; point source at prepare_data's output"
+        )
+    split_of = {f: _split_of(f, parquet_uri, split_column) for f in files}
+    if split_column and all(s is None for s in split_of.values()):
+        split_column, split_of = None, dict.fromkeys(files, DEFAULT_SPLIT)
+    unsplit = [f for f, s in split_of.items() if s is None]
+    if unsplit:
+        raise MaterializeError(
+            f"{len(unsplit)} Parquet file(s) are outside any {split_column}=<name> folder, e.g. {unsplit[0]}"
+        )
+    extra = sorted(set(split_of.values()) - set(splits or split_of.values()))
+    if extra:
+        raise MaterializeError(
+            f"{parquet_uri} has split(s) {extra} beyond the expected {list(splits or [])}; "
+            "pass splits=None to keep every split"
+        )
+    fs, first = _fs(files[0], storage_options)
+    with fs.open(first, "rb") as handle:
+        file_schema = pq.read_schema(handle)
+    if split_column in file_schema.names:
+        file_schema = file_schema.remove(file_schema.get_field_index(split_column))
+    if label_column and label_column not in file_schema.names:
+        raise _missing_label_column(label_column, file_schema.names)
+    if label_column and label_names is None:
+        label_names = (
+            _distinct_labels(spark.read.parquet(parquet_uri), label_column)
+            if spark is not None
+            else _distinct_labels_in_files(files, label_column, storage_options)
+        )
+    features = datasets.Features.from_arrow_schema(file_schema.remove_metadata())
+    if label_column:
+        features[label_column] = datasets.ClassLabel(names=list(label_names))
+    units = [
+        {"file": uri, "row_groups": groups, "split": split_of[uri]}
+        for uri, groups in _parquet_units(files, storage_options)
+    ]
+
+    parquet_bytes = _total_size(files, storage_options)
+    in_process = spark is None or parquet_bytes < local_below_bytes
+
+    def write_shards(tmp_uri: str) -> list[dict]:
+        writer = _parquet_unit_writer(
+            tmp_uri=tmp_uri,
+            units=units,
+            schema=features.arrow_schema,
+            label_column=label_column,
+            label_names=label_names,
+            storage_options=storage_options,
+        )
+        if in_process:
+            return _write_units_in_process(writer, len(units))
+        ids = spark.range(0, len(units), numPartitions=len(units))
+        return [row.asDict() for row in ids.mapInArrow(writer, SHARD_RECORD_DDL).collect()]
+
+    log.info(
+        "%d Parquet file(s), %.1f MB, %d unit(s): writing shards %s",
+        len(files),
+        parquet_bytes / 1e6,
+        len(units),
+        "in this process (below the Spark threshold)" if in_process else "on the Spark executors",
+    )
+
+    return _build(
+        spark,
+        target_uri,
+        write_shards=write_shards,
+        features=features,
+        data_fingerprint=data_fingerprint,
+        label_column=label_column,
+        label_names=label_names,
+        splits=splits,
+        storage_options=storage_options,
+        started=started,
     )
 
 
@@ -457,7 +747,7 @@ def _remove_unlisted_files(fs: Any, tmp: str, by_split: dict[str, list[dict]]) -
 
 
 def materialize_dataset(
-    spark: SparkSession,
+    spark: SparkSession | None,
     source: str | DataFrame,
     datasets_root: str,
     *,
@@ -474,6 +764,7 @@ def materialize_dataset(
     ``source`` is a DataFrame, a path (Parquet, CSV, JSON Lines; the prepared splits are
     Parquet partitioned by ``split=``) or a catalog table. Without ``data_fingerprint`` the
     content fingerprint of the source is computed first (one Spark pass over the data).
+    ``spark`` may be None for a Parquet source with a fingerprint that ``converts_without_spark``.
     """
     if data_fingerprint:
         found = find_published(datasets_root, data_fingerprint, storage_options)
@@ -482,7 +773,12 @@ def materialize_dataset(
                 "dataset for fingerprint %s already published at %s", data_fingerprint, found.dataset_uri
             )
             return found
-    if isinstance(source, str):
+    parquet = _parquet_source(source, source_format, storage_options)
+    if parquet and data_fingerprint:
+        df = None  # the files are read directly; no DataFrame needed
+    elif parquet:
+        df = spark.read.parquet(parquet)
+    elif isinstance(source, str):
         from sparktune.prepare import load_source
 
         df = load_source(spark, source, source_format)
@@ -497,16 +793,77 @@ def materialize_dataset(
         found = find_published(datasets_root, data_fingerprint, storage_options)
         if found is not None:
             return found
-    return write_dataset_dict(
-        df,
-        dataset_uri_for(datasets_root, data_fingerprint),
-        data_fingerprint=data_fingerprint,
-        split_column=split_column,
-        label_column=label_column,
-        label_names=label_names,
-        splits=splits,
-        storage_options=storage_options,
+    options = {
+        "data_fingerprint": data_fingerprint,
+        "split_column": split_column,
+        "label_column": label_column,
+        "label_names": label_names,
+        "splits": splits,
+        "storage_options": storage_options,
+    }
+    target = dataset_uri_for(datasets_root, data_fingerprint)
+    if parquet:
+        return write_dataset_dict_from_parquet(spark, parquet, target, **options)
+    return write_dataset_dict(df, target, **options)
+
+
+def _total_size(files: list[str], storage_options: dict | None) -> int:
+    total = 0
+    for uri in files:
+        fs, path = _fs(uri, storage_options)
+        total += fs.size(path)
+    return total
+
+
+def _distinct_labels_in_files(files: list[str], label_column: str, storage_options: dict | None) -> list[str]:
+    """The distinct labels without Spark: the label column only, one batch at a time."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    found: set[str] = set()
+    for uri in files:
+        fs, path = _fs(uri, storage_options)
+        with fs.open(path, "rb") as handle:
+            for batch in pq.ParquetFile(handle).iter_batches(columns=[label_column]):
+                found.update(str(v) for v in pc.unique(batch.column(0)).to_pylist() if v is not None)
+    return sorted(found)
+
+
+def _write_units_in_process(writer: Any, n_units: int) -> list[dict]:
+    """Run the executors' unit writer on a thread pool here; pyarrow releases the GIL while it works."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    def run(unit_id: int) -> list[dict]:
+        batch = pa.record_batch([pa.array([unit_id], pa.int64())], names=["id"])
+        return [row for out in writer(iter([batch])) for row in out.to_pylist()]
+
+    with ThreadPoolExecutor(max_workers=min(n_units, os.cpu_count() or 1) or 1) as pool:
+        return [row for rows in pool.map(run, range(n_units)) for row in rows]
+
+
+def converts_without_spark(
+    source: str, source_format: str = "auto", storage_options: dict | None = None
+) -> bool:
+    """True when ``source`` is Parquet small enough to be converted in the calling process."""
+    parquet = _parquet_source(source, source_format, storage_options)
+    return (
+        bool(parquet)
+        and _total_size(parquet_files(parquet, storage_options), storage_options) < LOCAL_BELOW_BYTES
     )
+
+
+def _parquet_source(source: Any, source_format: str, storage_options: dict | None) -> str | None:
+    """The path when ``source`` is a Parquet folder or file (the fast path), else None."""
+    if not isinstance(source, str) or source_format not in ("auto", "parquet"):
+        return None
+    if "/" not in source and "://" not in source:  # a catalog table name
+        return None
+    try:
+        return source if parquet_files(source, storage_options) else None
+    except (FileNotFoundError, OSError, ValueError):
+        return None
 
 
 def open_dataset(dataset_uri: str, storage_options: dict | None = None) -> datasets.DatasetDict:

@@ -306,7 +306,13 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
         self.storage_options = storage_options
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from sparktune.materialize import DATASET_MODES, find_published
+        from sparktune.materialize import (
+            DATASET_MODES,
+            MaterializeError,
+            converts_without_spark,
+            find_published,
+            materialize_dataset,
+        )
         from sparktune.streaming import describe_parquet_splits
 
         if self.dataset_mode not in DATASET_MODES:
@@ -328,6 +334,26 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
             if found is not None:
                 self.log.info("dataset %s already published: reused, no Spark job", found.dataset_uri)
                 return found.to_summary()
+        if self.data_fingerprint and converts_without_spark(
+            self.source, self.source_format, self.storage_options
+        ):
+            # Small Parquet: converting it here beats the seconds a spark-submit costs to start.
+            try:
+                result = materialize_dataset(
+                    None,
+                    self.source,
+                    root,
+                    data_fingerprint=self.data_fingerprint,
+                    split_column=self.split_column,
+                    label_column=self.label_column,
+                    label_names=self.label_names,
+                    splits=self.splits,
+                    storage_options=self.storage_options,
+                )
+            except MaterializeError as exc:
+                raise AirflowFailException(f"materialize_dataset rejected its input: {exc}") from exc
+            self.log.info("dataset %s: rows %s, built in this process", result.dataset_uri, result.rows)
+            return result.to_summary()
         self.application = self.application or job_path("materialize_dataset")
         summary_path = _run_dir(context) / "materialize_summary.json"
         summary_path.unlink(missing_ok=True)

@@ -109,3 +109,30 @@ def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
     operator.dataset_mode = "in-memory"
     with pytest.raises(AirflowFailException, match="dataset_mode must be one of"):
         operator.execute(context={})
+
+
+def test_materialize_converts_small_parquet_in_process_and_fails_bad_labels_at_once(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sparktune_airflow.operators import MaterializeDatasetOperator
+
+    for split in ("train", "test"):
+        (tmp_path / "prepared" / f"split={split}").mkdir(parents=True)
+        table = pa.table({"text": ["a", "b", "c"], "label": ["x", "y", "x"]})
+        pq.write_table(table, tmp_path / "prepared" / f"split={split}" / "part-0.parquet")
+    operator = MaterializeDatasetOperator(
+        task_id="materialize",
+        source=str(tmp_path / "prepared"),
+        datasets_root=str(tmp_path / "datasets"),
+        data_fingerprint="fp1",
+        label_names=["x", "y"],
+        spark_binary="/nonexistent/spark-submit",  # small Parquet needs no Spark job
+    )
+    summary = operator.execute(context={})
+    assert not summary["reused"] and summary["rows"] == {"test": 3, "train": 3}
+    assert datasets.load_from_disk(summary["dataset_uri"])["train"].features["label"].names == ["x", "y"]
+
+    operator.data_fingerprint, operator.label_names = "fp2", ["x"]
+    with pytest.raises(AirflowFailException, match=r"labels \['y'\] are not among the declared label names"):
+        operator.execute(context={})

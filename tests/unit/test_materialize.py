@@ -211,20 +211,20 @@ def test_without_a_fingerprint_the_content_decides(spark, tmp_path):
     assert materialize_dataset(spark, changed, root).data_fingerprint != first.data_fingerprint
 
 
-def test_bad_input_fails_before_any_shard_is_written(spark, tmp_path):
+def test_bad_input_fails_with_the_cause_and_leaves_nothing(spark, tmp_path):
     df = spark.read.parquet(str(_prepared(tmp_path / "prepared")))
     target = str(tmp_path / "datasets" / "fp")
     with pytest.raises(
         MaterializeError, match=r"labels \['shipping'\] are not among the declared label names"
     ):
         write_dataset_dict(df, target, data_fingerprint="fp", label_names=["billing", "login"])
-    with pytest.raises(MaterializeError, match=r"split\(s\) \['validation'\] beyond the expected"):
+    with pytest.raises(MaterializeError, match=r"'split' = 'validation', not one of the expected splits"):
         write_dataset_dict(df, target, data_fingerprint="fp", splits=["train", "test"])
     with pytest.raises(MaterializeError, match="label column 'intent' is not in the data"):
         write_dataset_dict(df, target, data_fingerprint="fp", label_column="intent")
     from pyspark.sql import functions as F
 
-    with pytest.raises(MaterializeError, match="null 'split'"):
+    with pytest.raises(MaterializeError, match="'split' = None, not one of the expected splits"):
         write_dataset_dict(df.withColumn("split", F.lit(None).cast("string")), target, data_fingerprint="fp")
     assert not (tmp_path / "datasets").exists() or list((tmp_path / "datasets").iterdir()) == []
 
@@ -276,3 +276,62 @@ def test_job_reuses_without_a_session_and_reports_bad_input(spark, tmp_path, mon
     assert "not among the declared label names" in json.loads(summary.read_text())["error"]
     assert main([*args, "--label-names", "not json"]) == 2
     assert "--label-names is not valid JSON" in json.loads(summary.read_text())["error"]
+
+
+def test_every_path_writes_the_same_dataset(spark, tmp_path):
+    from sparktune.materialize import write_dataset_dict_from_parquet
+
+    prepared = str(_prepared(tmp_path / "prepared"))
+    results = {
+        # Small Parquet is converted in this process; local_below_bytes=0 forces the executors.
+        "in_process": write_dataset_dict_from_parquet(
+            None, prepared, str(tmp_path / "a"), data_fingerprint="fp", label_names=LABELS
+        ),
+        "executors": write_dataset_dict_from_parquet(
+            spark,
+            prepared,
+            str(tmp_path / "b"),
+            data_fingerprint="fp",
+            label_names=LABELS,
+            local_below_bytes=0,
+        ),
+        "dataframe": write_dataset_dict(
+            spark.read.parquet(prepared), str(tmp_path / "c"), data_fingerprint="fp", label_names=LABELS
+        ),
+        "labels_found_without_spark": write_dataset_dict_from_parquet(
+            None, prepared, str(tmp_path / "d"), data_fingerprint="fp"
+        ),
+    }
+    reference = open_dataset(results["dataframe"].dataset_uri)
+    for name, result in results.items():
+        assert result.rows == {"test": 10, "train": 80, "validation": 10}, name
+        assert result.labels == LABELS, name
+        loaded = open_dataset(result.dataset_uri)
+        for split in SPLITS:
+            assert loaded[split].features == reference[split].features, name
+            assert sorted(loaded[split].to_list(), key=lambda r: r["example_id"]) == sorted(
+                reference[split].to_list(), key=lambda r: r["example_id"]
+            ), name
+    assert results["executors"].shards == {"test": 2, "train": 2, "validation": 2}  # one per file
+
+
+def test_parquet_path_bad_input_names_the_cause(spark, tmp_path):
+    from sparktune.materialize import write_dataset_dict_from_parquet
+
+    prepared = str(_prepared(tmp_path / "prepared"))
+    target = str(tmp_path / "datasets" / "fp")
+    with pytest.raises(
+        MaterializeError, match=r"labels \['shipping'\] are not among the declared label names"
+    ):
+        write_dataset_dict_from_parquet(
+            spark, prepared, target, data_fingerprint="fp", label_names=["billing", "login"]
+        )
+    with pytest.raises(MaterializeError, match=r"split\(s\) \['validation'\] beyond the expected"):
+        write_dataset_dict_from_parquet(
+            spark, prepared, target, data_fingerprint="fp", splits=["train", "test"]
+        )
+    with pytest.raises(MaterializeError, match="label column 'intent' is not in the data"):
+        write_dataset_dict_from_parquet(spark, prepared, target, data_fingerprint="fp", label_column="intent")
+    with pytest.raises(MaterializeError, match="holds no .parquet files"):
+        write_dataset_dict_from_parquet(spark, str(tmp_path / "empty"), target, data_fingerprint="fp")
+    assert list((tmp_path / "datasets").iterdir()) == []
