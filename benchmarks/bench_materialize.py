@@ -8,9 +8,11 @@ The input at each size is one generated table (id, text of pseudo-random words, 
 labels, a token count), written once as Parquet under SPARKTUNE_HOME/bench/materialize (the
 form prepare_data leaves data in) and read back as ``spark.read.parquet`` by every method:
 
-- ``project``: ``sparktune.materialize`` as the DAG calls it on Parquet: each Spark task reads
-  its row groups with pyarrow and writes an Arrow shard, the label encoded as a ClassLabel,
-  shards fsynced before publishing;
+- ``project``: ``sparktune.materialize`` as the DAG calls it on Parquet (labels encoded as a
+  ClassLabel, shards fsynced before publishing). On a ``local[...]`` master it writes the
+  row-group units on threads of the driver process, since local executors are the same cores;
+- ``project_executors``: the same units forced onto Spark tasks (what a cluster master gets):
+  each task reads its row groups with pyarrow and writes one shard;
 - ``project_dataframe``: the project's path for any other DataFrame (a table, a query): rows
   reach the executors' Python through ``mapInArrow``, then the same shard writer;
 - ``from_spark``: ``datasets.Dataset.from_spark(df, cache_dir=...)``;
@@ -45,6 +47,7 @@ from typing import Any
 DEFAULT_SIZES_GB = "0.1,1,4"
 METHODS = (
     "project",
+    "project_executors",
     "project_dataframe",
     "from_spark",
     "parquet_roundtrip",
@@ -125,6 +128,8 @@ def spark_session(master: str, driver_memory: str) -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # toPandas brings every row to the driver; its default 1 GB result cap would stop it at 1 GB.
+        .config("spark.driver.maxResultSize", "0")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -198,13 +203,17 @@ def run_method(method: str, source: Path, work: Path, master: str, driver_memory
     df = spark.read.parquet(str(source))
     with PeakRss() as peak:
         started = time.perf_counter()
-        if method in ("project", "project_dataframe"):
+        if method.startswith("project"):
             from sparktune.materialize import write_dataset_dict, write_dataset_dict_from_parquet
 
             # As the DAG calls it: the label names come from prepare_data's summary.
             options = {"data_fingerprint": "bench", "split_column": None, "label_names": sorted(LABELS)}
             if method == "project":  # what materialize_dataset does with a Parquet source
                 result = write_dataset_dict_from_parquet(spark, str(source), str(out / "ds"), **options)
+            elif method == "project_executors":  # the same, forced onto the Spark executors
+                result = write_dataset_dict_from_parquet(
+                    spark, str(source), str(out / "ds"), executors=True, **options
+                )
             else:  # any other DataFrame (a table, a query): rows go through mapInArrow
                 result = write_dataset_dict(df, str(out / "ds"), **options)
             rows = result.rows["train"]
@@ -272,7 +281,10 @@ def run_child(method: str, source: Path, work: Path, args: argparse.Namespace) -
     with log_path.open("w") as log:
         code = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0 or not result_path.exists():
-        return f"exit code {code}: " + " | ".join(log_path.read_text().strip().splitlines()[-3:])
+        lines = log_path.read_text().splitlines()
+        causes = [line.strip() for line in lines if "Error" in line or "Exception:" in line]
+        causes = [c for c in causes if not c.startswith("at ")]
+        return f"exit code {code}: " + (causes[0][:300] if causes else " | ".join(lines[-3:]))
     return json.loads(result_path.read_text())
 
 
@@ -280,8 +292,11 @@ def to_pandas_fits(size_gb: float, results: list[dict[str, Any]]) -> tuple[bool,
     """Whether toPandas at ``size_gb`` would fit in RAM, judged from the largest measured run."""
     import psutil
 
+    # Below 0.5 GB the fixed memory of the JVM and Python dominates: no basis to extrapolate.
     measured = [
-        r for r in results if r["method"] == "to_pandas" and r.get("peak_driver_rss_mb") and r["size_gb"] > 0
+        r
+        for r in results
+        if r["method"] == "to_pandas" and r.get("peak_driver_rss_mb") and r["size_gb"] >= 0.5
     ]
     if not measured:
         return True, ""

@@ -1,15 +1,21 @@
-"""A Spark DataFrame -> a Hugging Face ``DatasetDict`` on disk, written by the executors.
+"""Spark data -> a Hugging Face ``DatasetDict`` on disk, written where the data is.
 
-Each Spark task turns its partition into Arrow IPC shards in the exact layout
-``DatasetDict.save_to_disk`` produces (``<split>/data-*.arrow``, ``state.json``,
-``dataset_info.json``, ``dataset_dict.json``), so ``datasets.load_from_disk`` opens the result
-memory-mapped. The driver only receives one small record per shard (file name, rows, bytes).
+The result has the exact layout ``DatasetDict.save_to_disk`` produces (``<split>/data-*.arrow``,
+``state.json``, ``dataset_info.json``, ``dataset_dict.json``), so ``datasets.load_from_disk``
+opens it memory-mapped. One shard writer (pyarrow only) serves three ways in:
 
-Why not a library call: ``Dataset.from_spark`` also writes through ``mapInArrow``, but into a
-cache keyed on the plan's ``semanticHash`` (not the data), then re-reads and copies every shard
-on the driver; the Parquet round trip writes compressed Parquet and converts it to Arrow again
-in a single driver process. Both pay for the data twice. Measured side by side in
-``benchmarks/bench_materialize.py``.
+- Parquet (what prepare_data writes): Spark tasks read their row groups with pyarrow and write
+  one shard each; no row is decoded into the JVM and converted back to Arrow;
+- any other DataFrame (a table, a query): ``mapInArrow`` hands each task's rows to the writer;
+- small Parquet, or a ``local[...]`` master: the same row-group units on a thread pool in this
+  process, skipping a Spark job whose cold start costs more than the work.
+
+Either way the driver receives one small record per shard and its memory does not grow with
+the data. Why not a library call: ``Dataset.from_spark`` counts the rows, samples them,
+repartitions (a full shuffle) once the data exceeds one shard, writes through ``mapInArrow`` and
+renames the shards in another job, into a cache keyed on the plan's ``semanticHash`` (not the
+data); the Parquet round trip writes compressed Parquet and converts it again in one driver
+process. Measured side by side in ``benchmarks/bench_materialize.py``.
 
 Content addressing: a dataset lives at ``<root>/<data fingerprint>``, and it is trusted only
 when its ``_SPARKTUNE_COMPLETE.json`` marker exists, which is written last. Shards are written
@@ -49,7 +55,7 @@ WRITER_BATCH_ROWS = 10_000
 # Spark task and one shard each.
 UNIT_BYTES = 256 * 2**20
 # Below this much Parquet the shards are written in the calling process (see
-# write_dataset_dict_from_parquet); measured in benchmarks/bench_materialize.py.
+# write_dataset_dict_from_parquet): a cold Spark job with Python workers costs about 4 s.
 LOCAL_BELOW_BYTES = 256 * 2**20
 SHARD_RECORD_DDL = "split string, partition int, filename string, num_rows long, num_bytes long"
 DATASET_MODES = ("materialized", "streaming")
@@ -626,6 +632,7 @@ def write_dataset_dict_from_parquet(
     splits: list[str] | None = None,
     storage_options: dict | None = None,
     local_below_bytes: int = LOCAL_BELOW_BYTES,
+    executors: bool | None = None,
 ) -> MaterializedDataset:
     """Like ``write_dataset_dict`` for Parquet (what prepare_data writes), and faster.
 
@@ -633,9 +640,16 @@ def write_dataset_dict_from_parquet(
     them as one Arrow shard, so no row is decoded into the JVM and converted back to Arrow.
     Splits come from ``<split_column>=<name>`` folders (Hive partitioning, as Spark writes them).
 
-    Below ``local_below_bytes`` of Parquet (or with ``spark=None``) the same units are written
-    by a thread pool in this process instead: a cold Spark job with Python workers costs about
-    4 s here, more than converting 256 MB takes. Memory stays one batch per thread either way.
+    Where executors bring nothing the same units are written by a thread pool in this process
+    instead (``executors=None`` decides, ``True``/``False`` force it):
+
+    - below ``local_below_bytes`` of Parquet: a cold Spark job with Python workers costs about
+      4 s here, more than converting 256 MB takes;
+    - on a ``local[...]`` master: its executors are this machine's cores too, so threads do the
+      same parallel work without the JVM job (measured side by side in bench_materialize);
+    - ``spark=None``.
+
+    Memory stays about one row group per thread either way; nothing is collected.
     """
     import datasets
     import pyarrow.parquet as pq
@@ -683,7 +697,9 @@ def write_dataset_dict_from_parquet(
     ]
 
     parquet_bytes = _total_size(files, storage_options)
-    in_process = spark is None or parquet_bytes < local_below_bytes
+    in_process = spark is None or (
+        not executors and (executors is False or parquet_bytes < local_below_bytes or _local_master(spark))
+    )
 
     def write_shards(tmp_uri: str) -> list[dict]:
         writer = _parquet_unit_writer(
@@ -704,7 +720,7 @@ def write_dataset_dict_from_parquet(
         len(files),
         parquet_bytes / 1e6,
         len(units),
-        "in this process (below the Spark threshold)" if in_process else "on the Spark executors",
+        "on threads of this process" if in_process else "on the Spark executors",
     )
 
     return _build(
@@ -827,6 +843,10 @@ def _distinct_labels_in_files(files: list[str], label_column: str, storage_optio
             for batch in pq.ParquetFile(handle).iter_batches(columns=[label_column]):
                 found.update(str(v) for v in pc.unique(batch.column(0)).to_pylist() if v is not None)
     return sorted(found)
+
+
+def _local_master(spark: SparkSession) -> bool:
+    return str(spark.conf.get("spark.master", "")).startswith("local")
 
 
 def _write_units_in_process(writer: Any, n_units: int) -> list[dict]:

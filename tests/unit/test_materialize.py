@@ -283,7 +283,7 @@ def test_every_path_writes_the_same_dataset(spark, tmp_path):
 
     prepared = str(_prepared(tmp_path / "prepared"))
     results = {
-        # Small Parquet is converted in this process; local_below_bytes=0 forces the executors.
+        # Small Parquet on a local master is converted in this process; executors=True forces Spark.
         "in_process": write_dataset_dict_from_parquet(
             None, prepared, str(tmp_path / "a"), data_fingerprint="fp", label_names=LABELS
         ),
@@ -293,7 +293,7 @@ def test_every_path_writes_the_same_dataset(spark, tmp_path):
             str(tmp_path / "b"),
             data_fingerprint="fp",
             label_names=LABELS,
-            local_below_bytes=0,
+            executors=True,
         ),
         "dataframe": write_dataset_dict(
             spark.read.parquet(prepared), str(tmp_path / "c"), data_fingerprint="fp", label_names=LABELS
@@ -320,12 +320,16 @@ def test_parquet_path_bad_input_names_the_cause(spark, tmp_path):
 
     prepared = str(_prepared(tmp_path / "prepared"))
     target = str(tmp_path / "datasets" / "fp")
-    with pytest.raises(
-        MaterializeError, match=r"labels \['shipping'\] are not among the declared label names"
-    ):
-        write_dataset_dict_from_parquet(
-            spark, prepared, target, data_fingerprint="fp", label_names=["billing", "login"]
-        )
+    for executors in (True, False):  # the executors' error and the in-process one alike
+        with pytest.raises(MaterializeError, match=r"labels \['shipping'\] are not among the declared"):
+            write_dataset_dict_from_parquet(
+                spark,
+                prepared,
+                target,
+                data_fingerprint="fp",
+                label_names=["billing", "login"],
+                executors=executors,
+            )
     with pytest.raises(MaterializeError, match=r"split\(s\) \['validation'\] beyond the expected"):
         write_dataset_dict_from_parquet(
             spark, prepared, target, data_fingerprint="fp", splits=["train", "test"]
@@ -335,3 +339,33 @@ def test_parquet_path_bad_input_names_the_cause(spark, tmp_path):
     with pytest.raises(MaterializeError, match="holds no .parquet files"):
         write_dataset_dict_from_parquet(spark, str(tmp_path / "empty"), target, data_fingerprint="fp")
     assert list((tmp_path / "datasets").iterdir()) == []
+
+
+def test_every_rank_memory_maps_the_one_published_dataset(tmp_path):
+    # What each training rank does: open the published folder. Nothing is rebuilt or copied.
+    from sparktune.materialize import write_dataset_dict_from_parquet
+
+    result = write_dataset_dict_from_parquet(
+        None, str(_prepared(tmp_path / "prepared")), str(tmp_path / "ds" / "fp"), data_fingerprint="fp"
+    )
+    marker = tmp_path / "ds" / "fp" / MARKER
+    built_at = marker.stat().st_mtime_ns
+    probe = textwrap.dedent(
+        """
+        import json, sys, datasets
+        from sparktune.materialize import open_dataset
+        train = open_dataset(sys.argv[1])["train"]
+        files = sorted(f["filename"] for f in train.cache_files)
+        mapped = isinstance(train.data, datasets.table.MemoryMappedTable)
+        print(json.dumps({"mapped": mapped, "files": files, "rows": len(train)}))
+        """
+    )
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", probe, result.dataset_uri], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    seen = [json.loads(rank.communicate(timeout=120)[0]) for rank in ranks]
+    assert all(rank.returncode == 0 for rank in ranks)
+    assert seen[0] == seen[1] and seen[0]["mapped"] and seen[0]["rows"] == 80
+    assert all(f.startswith(result.dataset_uri) for f in seen[0]["files"])
+    assert marker.stat().st_mtime_ns == built_at
