@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-SPLITS = ("train", "validation", "test")
 MARKER = "_SPARKTUNE_COMPLETE.json"
 FORMAT_VERSION = 1
 DEFAULT_SPLIT = "train"
@@ -417,7 +416,6 @@ def _absolute(uri: str) -> str:
 
 
 def _build(
-    spark: SparkSession,
     target_uri: str,
     *,
     write_shards: Any,
@@ -429,7 +427,7 @@ def _build(
     storage_options: dict | None,
     started: float,
 ) -> MaterializedDataset:
-    """Run ``write_shards(tmp_uri) -> shard records`` on Spark, then describe and publish the folder."""
+    """Run ``write_shards(tmp_uri) -> shard records`` into a temp folder, then describe and publish it."""
     fs, final = _fs(target_uri, storage_options)
     name = posixpath.basename(final.rstrip("/"))
     parent = posixpath.dirname(final.rstrip("/"))
@@ -560,7 +558,6 @@ def write_dataset_dict(
                 spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
 
     return _build(
-        spark,
         target_uri,
         write_shards=write_shards,
         features=features,
@@ -573,29 +570,32 @@ def write_dataset_dict(
     )
 
 
-def parquet_files(uri: str, storage_options: dict | None = None) -> list[str]:
-    """The data files of a Parquet folder (or one file), skipping ``_``/``.`` entries like Spark does."""
-    fs, root = _fs(uri, storage_options)
-    if fs.isfile(root):
-        return [_uri(fs, root)]
-    found = []
-    for path in sorted(fs.find(root)):
-        relative = path[len(root.rstrip("/")) + 1 :]
-        if path.endswith(".parquet") and not any(p.startswith(("_", ".")) for p in relative.split("/")):
-            found.append(_uri(fs, path))
-    return found
+def parquet_files_by_split(
+    uri: str, split_column: str | None = "split", storage_options: dict | None = None
+) -> dict[str | None, list[str]]:
+    """The data files of a Parquet folder (or one file) by their ``<split_column>=<name>`` folder.
 
-
-def _split_of(file_uri: str, root_uri: str, split_column: str | None) -> str | None:
+    Skips ``_``/``.`` entries like Spark does. Files outside any such folder (or every file,
+    when ``split_column`` is None) are under ``None``.
+    """
     from urllib.parse import unquote
 
-    if not split_column:
-        return DEFAULT_SPLIT
-    relative = file_uri[len(root_uri.rstrip("/")) + 1 :]
-    for part in relative.split("/")[:-1]:
-        if part.startswith(f"{split_column}="):
-            return unquote(part.split("=", 1)[1])
-    return None
+    fs, root = _fs(_absolute(uri), storage_options)
+    root = root.rstrip("/")
+    grouped: dict[str | None, list[str]] = {}
+    for path in [root] if fs.isfile(root) else sorted(fs.find(root)):
+        parts = path[len(root) + 1 :].split("/") if path != root else [posixpath.basename(path)]
+        if not path.endswith(".parquet") or any(p.startswith(("_", ".")) for p in parts):
+            continue
+        prefix = f"{split_column}=" if split_column else None
+        found = [unquote(p[len(prefix) :]) for p in parts[:-1] if prefix and p.startswith(prefix)]
+        grouped.setdefault(found[0] if found else None, []).append(_uri(fs, path))
+    return grouped
+
+
+def parquet_files(uri: str, storage_options: dict | None = None) -> list[str]:
+    """Every data file of a Parquet folder (or one file), in path order."""
+    return sorted(f for files in parquet_files_by_split(uri, None, storage_options).values() for f in files)
 
 
 def _parquet_units(files: list[str], storage_options: dict | None) -> list[tuple[str, list[int]]]:
@@ -656,19 +656,20 @@ def write_dataset_dict_from_parquet(
 
     started = time.monotonic()
     parquet_uri, target_uri = _absolute(parquet_uri), _absolute(target_uri)
-    files = parquet_files(parquet_uri, storage_options)
+    by_split = parquet_files_by_split(parquet_uri, split_column, storage_options)
+    files = sorted(f for group in by_split.values() for f in group)
     if not files:
         raise MaterializeError(
             f"{parquet_uri} holds no .parquet files; point source at prepare_data's output"
         )
-    split_of = {f: _split_of(f, parquet_uri, split_column) for f in files}
-    if split_column and all(s is None for s in split_of.values()):
-        split_column, split_of = None, dict.fromkeys(files, DEFAULT_SPLIT)
-    unsplit = [f for f, s in split_of.items() if s is None]
-    if unsplit:
+    if list(by_split) == [None]:  # not partitioned by split: every row is train
+        split_column, by_split = None, {DEFAULT_SPLIT: by_split[None]}
+    if None in by_split:
         raise MaterializeError(
-            f"{len(unsplit)} Parquet file(s) are outside any {split_column}=<name> folder, e.g. {unsplit[0]}"
+            f"{len(by_split[None])} Parquet file(s) are outside any {split_column}=<name> folder, "
+            f"e.g. {by_split[None][0]}"
         )
+    split_of = {f: split for split, group in by_split.items() for f in group}
     extra = sorted(set(split_of.values()) - set(splits or split_of.values()))
     if extra:
         raise MaterializeError(
@@ -724,7 +725,6 @@ def write_dataset_dict_from_parquet(
     )
 
     return _build(
-        spark,
         target_uri,
         write_shards=write_shards,
         features=features,

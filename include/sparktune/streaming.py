@@ -29,16 +29,17 @@ def parquet_split_files(
     prepared_uri: str, splits: tuple[str, ...] = SPLITS, storage_options: dict | None = None
 ) -> dict[str, list[str]]:
     """``split -> Parquet files`` of a folder partitioned by ``split=`` (what prepare_data writes)."""
-    fs, root = _fs(prepared_uri, storage_options)
+    from sparktune.materialize import parquet_files_by_split
+
+    grouped = parquet_files_by_split(prepared_uri, "split", storage_options)
     files: dict[str, list[str]] = {}
     for split in splits:
-        found = sorted(fs.glob(posixpath.join(root, f"split={split}", "*.parquet")))
-        if not found:
+        if not grouped.get(split):
             raise FileNotFoundError(
                 f"{prepared_uri} has no Parquet files for split {split!r} (expected "
                 f"{posixpath.join(prepared_uri, f'split={split}')}/*.parquet); run prepare_data first"
             )
-        files[split] = [fs.unstrip_protocol(path) if "://" in prepared_uri else path for path in found]
+        files[split] = grouped[split]
     return files
 
 

@@ -80,15 +80,22 @@ def test_materialize_reuses_a_published_version_without_spark_submit(tmp_path):
     assert summary["rows"] == {"train": 8} and summary["labels"] == ["a", "b"]
 
 
-def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
+def _write_split(prepared, split: str, columns: dict[str, list]) -> None:
+    """One Parquet file under ``split=<split>``, the layout prepare_data writes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    (prepared / f"split={split}").mkdir(parents=True)
+    pq.write_table(pa.table(columns), prepared / f"split={split}" / "part-0.parquet")
+
+
+def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
     from sparktune_airflow.operators import MaterializeDatasetOperator
 
     for split, n in (("train", 7), ("validation", 2), ("test", 3)):
-        (tmp_path / "prepared" / f"split={split}").mkdir(parents=True)
-        table = pa.table({"prompt": ["p"] * n, "completion": [" a"] * n, "label": ["a"] * n})
-        pq.write_table(table, tmp_path / "prepared" / f"split={split}" / "part-0.parquet")
+        _write_split(
+            tmp_path / "prepared", split, {"prompt": ["p"] * n, "completion": [" a"] * n, "label": ["a"] * n}
+        )
     operator = MaterializeDatasetOperator(
         task_id="materialize",
         source=str(tmp_path / "prepared"),
@@ -113,14 +120,10 @@ def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
 
 def test_materialize_converts_small_parquet_in_process_and_fails_bad_labels_at_once(tmp_path):
     import datasets
-    import pyarrow as pa
-    import pyarrow.parquet as pq
     from sparktune_airflow.operators import MaterializeDatasetOperator
 
     for split in ("train", "test"):
-        (tmp_path / "prepared" / f"split={split}").mkdir(parents=True)
-        table = pa.table({"text": ["a", "b", "c"], "label": ["x", "y", "x"]})
-        pq.write_table(table, tmp_path / "prepared" / f"split={split}" / "part-0.parquet")
+        _write_split(tmp_path / "prepared", split, {"text": ["a", "b", "c"], "label": ["x", "y", "x"]})
     operator = MaterializeDatasetOperator(
         task_id="materialize",
         source=str(tmp_path / "prepared"),

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import datasets
 import pyarrow as pa
@@ -236,13 +237,15 @@ def test_an_expected_split_without_rows_is_an_empty_split(spark, tmp_path):
     assert len(open_dataset(result.dataset_uri)["test"]) == 0
 
 
-def test_file_uri_targets_work_like_paths(spark, tmp_path):
-    prepared = _prepared(tmp_path / "prepared")
+def test_file_uris_work_like_paths(spark, tmp_path):
+    prepared = f"file://{_prepared(tmp_path / 'prepared')}"
     root = f"file://{tmp_path / 'datasets'}"
-    result = materialize_dataset(spark, str(prepared), root, data_fingerprint="fp1")
+    result = materialize_dataset(spark, prepared, root, data_fingerprint="fp1")
     assert result.dataset_uri == f"{root}/fp1"
+    # The split= folders are recognised behind a file:// URI too (not everything in train).
+    assert result.rows == {"test": 10, "train": 80, "validation": 10}
     assert len(open_dataset(result.dataset_uri)["validation"]) == 10
-    assert materialize_dataset(None, str(prepared), root, data_fingerprint="fp1").reused
+    assert materialize_dataset(None, prepared, root, data_fingerprint="fp1").reused
 
 
 def test_job_reuses_without_a_session_and_reports_bad_input(spark, tmp_path, monkeypatch):
@@ -371,3 +374,25 @@ def test_every_rank_memory_maps_the_one_published_dataset(tmp_path):
     assert seen[0] == seen[1] and seen[0]["mapped"] and seen[0]["rows"] == 80
     assert all(f.startswith(result.dataset_uri) for f in seen[0]["files"])
     assert marker.stat().st_mtime_ns == built_at
+
+
+def test_shards_are_fsynced_before_publishing_and_old_temp_folders_go(tmp_path, monkeypatch):
+    from sparktune.materialize import STALE_TEMP_SECONDS, write_dataset_dict_from_parquet
+
+    datasets_root = tmp_path / "datasets"
+    killed_long_ago = datasets_root / "_tmp-fp-dead0001"
+    concurrent = datasets_root / "_tmp-fp-young001"
+    for folder in (killed_long_ago, concurrent):
+        (folder / "train").mkdir(parents=True)
+    old = time.time() - STALE_TEMP_SECONDS - 60
+    os.utime(killed_long_ago, (old, old))
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+
+    result = write_dataset_dict_from_parquet(
+        None, str(_prepared(tmp_path / "prepared")), str(datasets_root / "fp"), data_fingerprint="fp"
+    )
+    assert len(synced) == sum(result.shards.values()) == 6  # every shard, in-process path
+    assert not killed_long_ago.exists()
+    assert concurrent.exists()  # may belong to a build still running
