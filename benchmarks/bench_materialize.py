@@ -79,7 +79,11 @@ def size_label(size_gb: float) -> str:
 
 
 class PeakRss:
-    """Peak RSS of this process and of its JVM child, sampled every ``interval`` seconds."""
+    """Peak RSS of this process and of its JVM child, sampled every ``interval`` seconds.
+
+    Not bench_prepare's TreeSampler: that one sums a child's whole process tree, while the
+    targets here are about the Python driver alone (where from_spark and toPandas land data).
+    """
 
     def __init__(self, interval: float = 0.02):
         import psutil
