@@ -200,11 +200,21 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         section="Training",
     ),
     ParamSpec(
+        "task",
+        "string",
+        "causal_lm",
+        "causal_lm: instruction SFT, the model writes the label after the prompt (loss on the completion "
+        "only); sequence_classification: a classification head over the text, one logit per label.",
+        enum=("causal_lm", "sequence_classification"),
+        section="Training",
+    ),
+    ParamSpec(
         "peft_method",
         "string",
         "lora",
-        "lora: train low-rank adapters; full: train every weight.",
-        enum=("lora", "full"),
+        "lora: train low-rank adapters; qlora: adapters over a 4-bit NF4 base (needs a CUDA GPU and "
+        "bitsandbytes); full: train every weight.",
+        enum=("lora", "qlora", "full"),
         section="Training",
     ),
     ParamSpec("lora_r", "integer", 16, "LoRA rank.", minimum=1, maximum=1024, section="Training"),
@@ -273,6 +283,83 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         section="Training",
     ),
     ParamSpec("seed", "integer", 42, "Training seed.", minimum=0, maximum=2**31 - 1, section="Training"),
+    ParamSpec(
+        "packing",
+        "boolean",
+        False,
+        "Pack several examples into each row (best-fit decreasing) with attention kept inside each "
+        "example through position ids; off: dynamic padding with length-grouped batches.",
+        section="Training",
+    ),
+    ParamSpec(
+        "checkpoint_steps",
+        "integer",
+        50,
+        "Save a checkpoint every this many optimizer steps; a retry after a crash resumes from the last one.",
+        minimum=1,
+        maximum=10**9,
+        section="Training",
+    ),
+    ParamSpec(
+        "deepspeed_stage",
+        "integer",
+        0,
+        "DeepSpeed ZeRO stage (1, 2 or 3) passed to the trainer; 0: no DeepSpeed. Needs deepspeed and "
+        "CUDA on the training nodes.",
+        minimum=0,
+        maximum=3,
+        section="Training",
+    ),
+    # --- where training runs
+    ParamSpec(
+        "train_backend",
+        "string",
+        "local",
+        "local: a subprocess on the Airflow worker; spark: spark-submit to the spark_default master, "
+        "DDP over executors with TorchDistributor; databricks: a one-time run on a new job cluster.",
+        enum=("local", "spark", "databricks"),
+        section="Backend",
+    ),
+    ParamSpec(
+        "num_workers",
+        "integer",
+        2,
+        "spark and databricks backends: training processes (one per executor slot or GPU).",
+        minimum=1,
+        maximum=1024,
+        section="Backend",
+    ),
+    ParamSpec(
+        "databricks_runtime",
+        "string",
+        "16.4.x-gpu-ml-scala2.12",
+        "databricks backend: Databricks Runtime (spark_version) of the job cluster.",
+        section="Backend",
+    ),
+    ParamSpec(
+        "databricks_node_type",
+        "string",
+        "g5.xlarge",
+        "databricks backend: node type of the job cluster's driver and workers.",
+        section="Backend",
+    ),
+    ParamSpec(
+        "databricks_workers",
+        "integer",
+        1,
+        "databricks backend: worker nodes of the job cluster.",
+        minimum=0,
+        maximum=1000,
+        section="Backend",
+    ),
+    ParamSpec(
+        "databricks_wheel",
+        "string",
+        "",
+        "databricks backend: the sparktune wheel the cluster installs (a /Volumes/... or dbfs:/ path, "
+        "built with `pip wheel --no-deps .`).",
+        section="Backend",
+    ),
     # --- registry and gate
     ParamSpec(
         "model_name",
@@ -346,6 +433,7 @@ class PipelineParams:
     min_train_rows: int
     dataset_mode: str
     base_model: str
+    task: str
     peft_method: str
     lora_r: int
     lora_alpha: int
@@ -359,6 +447,15 @@ class PipelineParams:
     gradient_accumulation_steps: int
     warmup_ratio: float
     seed: int
+    packing: bool
+    checkpoint_steps: int
+    deepspeed_stage: int
+    train_backend: str
+    num_workers: int
+    databricks_runtime: str
+    databricks_node_type: str
+    databricks_workers: int
+    databricks_wheel: str
     model_name: str
     gate_mode: str
     min_accuracy: float
@@ -436,8 +533,12 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
     for column in ("text_column", "label_column"):
         if not values[column].strip():
             problems.append(f"{column}: must name a column")
-    if not values["lora_target_modules"].strip() and values["peft_method"] == "lora":
+    if not values["lora_target_modules"].strip() and values["peft_method"] in ("lora", "qlora"):
         problems.append("lora_target_modules: name at least one module, or all-linear")
+    if values["train_backend"] == "databricks":
+        for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type"):
+            if not values[name].strip():
+                problems.append(f"{name}: the databricks backend needs it (see its description)")
     if not values["model_name"].strip():
         problems.append("model_name: must not be empty")
     return problems

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow.configuration import conf
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
@@ -25,7 +27,10 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
+from airflow.providers.databricks.operators.databricks import DatabricksJobRunLink
 from sparktune.params import InvalidParamsError, PipelineParams, parse_params
+from sparktune_airflow import training_process
+from sparktune_airflow.databricks_training import DatabricksTrainingMixin
 
 
 def job_path(job: str) -> str:
@@ -387,14 +392,23 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
         return summary
 
 
-class TrainModelOperator(BaseOperator):
-    """Runs the training entry point in a local subprocess, its log streamed into the task log.
+class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
+    """Submits the training entry point (``sparktune.jobs.train``) to the run's ``train_backend``.
 
-    The run is keyed by dag/run/task + data fingerprint + config hash: a retry finds the MLflow
-    run a finished attempt made instead of training again.
+    - ``local``: a process on this worker, its log streamed into the task log.
+    - ``spark``: ``spark-submit`` (client mode) to the ``spark_conn_id`` master; the job runs DDP
+      over ``num_workers`` executor processes with ``TorchDistributor``.
+    - ``databricks``: a one-time run on a new job cluster (``databricks_conn_id``), deferrable,
+      with a link to the run page.
+
+    The submission key is dag/run/task + data fingerprint + config hash. A retry reattaches to
+    the live process or Databricks run of its key instead of starting a second one, reuses a
+    finished MLflow run, and otherwise resumes from the key's last checkpoint into the same
+    MLflow run. ``on_kill`` stops the process or cancels the Databricks run.
     """
 
     template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
+    operator_extra_links = (DatabricksJobRunLink(),)
 
     def __init__(
         self,
@@ -403,6 +417,11 @@ class TrainModelOperator(BaseOperator):
         base_model: str,
         data_fingerprint: str,
         pipeline_params: dict[str, Any] | None = None,
+        spark_conn_id: str = "spark_default",
+        spark_conf: dict[str, Any] | None = None,
+        databricks_conn_id: str = "databricks_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        polling_period_seconds: int = 30,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -410,18 +429,32 @@ class TrainModelOperator(BaseOperator):
         self.base_model = base_model
         self.data_fingerprint = data_fingerprint
         self.pipeline_params = pipeline_params
-        self._hook: SubprocessHook | None = None
+        self.spark_conn_id = spark_conn_id
+        self.spark_conf = spark_conf
+        self.databricks_conn_id = databricks_conn_id
+        self.deferrable = deferrable
+        self.polling_period_seconds = polling_period_seconds
+        self.databricks_run_id: int | None = None
+        self._submission: training_process.Submission | None = None
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        params = pipeline_params(self.pipeline_params, context)
+    # -- the key and the request
+
+    def _train_key(self, context: Any, params: PipelineParams) -> str:
         ti = context["ti"]
         key_source = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{self.data_fingerprint}/{config_hash(params)}"
-        train_key = hashlib.sha256(key_source.encode()).hexdigest()[:24]
-        work = _run_dir(context)
-        request = {
+        return hashlib.sha256(key_source.encode()).hexdigest()[:24]
+
+    def _work_dir(self, train_key: str) -> Path:
+        """Checkpoints, the process record and the log of one train key; shared by its attempts."""
+        return settings().models_dir / "runs" / train_key
+
+    def _request(self, context: Any, params: PipelineParams) -> dict[str, Any]:
+        ti = context["ti"]
+        train_key = self._train_key(context, params)
+        return {
             "dataset_path": self.dataset_uri,
             "base_model": self.base_model,
-            "output_dir": str(settings().models_dir / "runs" / train_key),
+            "output_dir": str(self._work_dir(train_key)),
             "params": params.to_dict(),
             "mlflow_tracking_uri": settings().mlflow_tracking_uri,
             "artifact_location": settings().mlflow_artifact_root,
@@ -431,27 +464,96 @@ class TrainModelOperator(BaseOperator):
             "tags": {
                 "sparktune.data_fingerprint": self.data_fingerprint,
                 "sparktune.config_hash": config_hash(params),
+                "sparktune.train_backend": params.train_backend,
                 "airflow.dag_id": ti.dag_id,
                 "airflow.run_id": ti.run_id,
                 "airflow.task_id": ti.task_id,
+                "airflow.try_number": str(ti.try_number),
                 "sparktune.base_model": self.base_model,
             },
         }
+
+    # -- execution
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = pipeline_params(self.pipeline_params, context)
+        request = self._request(context, params)
+        self.log.info(
+            "train key %s, backend %s, work dir %s",
+            request["train_key"],
+            params.train_backend,
+            request["output_dir"],
+        )
+        if params.train_backend == "databricks":
+            return self._execute_databricks(context, request, params)
+        return self._execute_process(context, request, params)
+
+    def _process_command(self, request: dict[str, Any], params: PipelineParams, work: Path) -> list[str]:
         request_path = work / "train_request.json"
         request_path.write_text(json.dumps(request, indent=2))
-        self._hook = SubprocessHook()
-        result = self._hook.run_command(
-            [sys.executable, "-m", "sparktune.training", "--request", str(request_path)],
-            env=dict(os.environ),
+        if params.train_backend == "local":
+            return [sys.executable, "-m", "sparktune.jobs.train", "--request", str(request_path)]
+        hook = SparkSubmitHook(
+            conn_id=self.spark_conn_id,
+            name=f"sparktune-train-{request['train_key']}",
+            conf={"spark.log.level": "WARN", **(self.spark_conf or {})},
+            application_args=[
+                "--request",
+                str(request_path),
+                "--num-workers",
+                str(params.num_workers),
+                "--distributor",
+                "spark",
+            ],
         )
-        _raise_for_exit_code("training", result.exit_code, result.output)
-        outcome = json.loads((Path(request["output_dir"]) / "result.json").read_text())
+        # The hook resolves the connection (master, deploy mode, spark-submit binary, queue,
+        # principal) into the command; the process itself is started here so that a retry can
+        # find it again (see training_process).
+        return hook._build_spark_submit_command(job_path("train"))
+
+    def _execute_process(self, context: Any, request: dict[str, Any], params: PipelineParams) -> dict[str, Any]:
+        work = Path(request["output_dir"])
+        live = training_process.live_submission(work)
+        if live is not None:
+            self._submission = live
+            self.log.info(
+                "Reattaching to training process %d (%s), started by an earlier attempt; its log follows.",
+                live.pid,
+                live.backend,
+            )
+            exit_code, last_line = training_process.follow(live, self.log.info)
+        else:
+            command = self._process_command(request, params, work)
+            self.log.info("Starting: %s", " ".join(command))
+            child = training_process.start(command, dict(os.environ), work, params.train_backend)
+            self._submission = training_process.read_record(work)
+            exit_code, last_line = training_process.follow(self._submission, self.log.info, child=child)
+            _raise_for_exit_code("training", exit_code, last_line)
+        return self._finish(context)
+
+    def _finish(self, context: Any) -> dict[str, Any]:
+        """The result of the finished MLflow run of this task's train key, whatever ran it."""
+        from sparktune.training import load_finished_result
+
+        params = pipeline_params(self.pipeline_params, context)
+        train_key = self._train_key(context, params)
+        outcome = load_finished_result(
+            settings().mlflow_tracking_uri, experiment_name(params.model_name), train_key
+        )
+        if outcome is None:
+            raise AirflowException(
+                f"Training of key {train_key} ended without a finished MLflow run; the retry resumes "
+                "from its last checkpoint."
+            )
         self.log.info("training result: %s", json.dumps(outcome, sort_keys=True))
         return outcome
 
     def on_kill(self) -> None:
-        if self._hook is not None:
-            self._hook.send_sigterm()
+        if self._submission is not None:
+            self.log.info("Stopping training process %d.", self._submission.pid)
+            training_process.stop(self._submission)
+        if self.databricks_run_id is not None:
+            self._cancel_databricks()
 
 
 # The domain CLIs exit 2 on bad input (a retry would fail the same way), 1 on anything else.
