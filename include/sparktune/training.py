@@ -1,10 +1,16 @@
-"""Supervised fine-tuning (LoRA or full) of a causal LM on the materialized dataset, logged to MLflow.
+"""Supervised fine-tuning (LoRA, QLoRA or full) of a causal LM on the materialized dataset, logged to MLflow.
 
-The training task of the pipeline runs this module as a subprocess
-(``python -m sparktune.training --request request.json``) so that torch and the model live and
-die with one process. :func:`train` is idempotent on ``TrainRequest.train_key``: a finished run
-with that key and a logged model is returned as is, so an Airflow retry after a successful
-training never trains, or registers, a second model.
+Every backend runs this through ``sparktune.jobs.train`` (a local process, TorchDistributor
+ranks on Spark executors, a Databricks job) so that torch and the model live and die with one
+process. :func:`train` is keyed on ``TrainRequest.train_key``:
+
+- a FINISHED run with that key and a verified model is returned as is, so a retry after a
+  successful training never trains, or registers, a second model;
+- otherwise the trainer resumes from the key's last checkpoint (saved every ``checkpoint_steps``
+  under ``<output_dir>/checkpoints``) into the MLflow run the crashed attempt left behind, so
+  finished steps are not redone and the loss curve continues in one run.
+
+Under torch.distributed (``WORLD_SIZE`` > 1) rank 0 alone talks to MLflow.
 """
 
 from __future__ import annotations
@@ -38,6 +44,11 @@ MODEL_URI_TAG = "sparktune.model_uri"
 MODEL_ARTIFACT = "model"
 ADAPTER_ARTIFACT = "adapter"
 RESULT_ARTIFACT = "train_result.json"
+RESUMED_FROM_TAG = "sparktune.resumed_from_step"
+CODE_VERSION_TAG = "sparktune.code_version"
+CHECKPOINTS = "checkpoints"
+# Checkpoints kept per key: the newest is the one resumed from, one older in case it was half-written.
+CHECKPOINTS_KEPT = 2
 REQUIRED_SPLITS = ("train", "validation")
 REQUIRED_COLUMNS = ("prompt", "completion")
 # The logged model must give the same logits as the one in memory, up to float noise.
@@ -195,19 +206,83 @@ def find_finished_run(client: Any, experiment_id: str, train_key: str) -> str | 
     return None
 
 
-def _close_abandoned_runs(client: Any, experiment_id: str, train_key: str) -> None:
-    """Mark runs of this key that a killed attempt left RUNNING as KILLED, so the UI shows one live run."""
-    runs = client.search_runs(
+def load_finished_result(tracking_uri: str, experiment_name: str, train_key: str) -> dict[str, Any] | None:
+    """The ``TrainResult`` (as a dict) of the finished run of ``train_key``, or None if there is none.
+
+    This is how a caller learns the outcome whatever ran the training (a local process, a Spark
+    application or a Databricks job): through the MLflow run, not through a local file.
+    """
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        return None
+    run_id = find_finished_run(client, experiment.experiment_id, train_key)
+    if run_id is None:
+        return None
+    local = client.download_artifacts(run_id, RESULT_ARTIFACT)
+    return TrainResult.from_dict(json.loads(Path(local).read_text())).to_dict()
+
+
+def _unfinished_runs(client: Any, experiment_id: str, train_key: str) -> list[Any]:
+    """Runs of this key that an earlier attempt left behind (RUNNING, FAILED or KILLED), newest first."""
+    return client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{TRAIN_KEY_TAG}` = '{_quote(train_key)}' and attributes.status = 'RUNNING'",
+        filter_string=f"tags.`{TRAIN_KEY_TAG}` = '{_quote(train_key)}' and attributes.status != 'FINISHED'",
+        order_by=["attributes.start_time DESC"],
     )
+
+
+def _close_abandoned_runs(client: Any, runs: list[Any], train_key: str) -> None:
+    """Mark runs a killed attempt left RUNNING as KILLED, so the UI shows one live run per key."""
     for run in runs:
-        logger.warning(
-            "Run %s of train_key %s was left RUNNING by an earlier attempt; marking it KILLED.",
-            run.info.run_id,
-            train_key,
-        )
-        client.set_terminated(run.info.run_id, status="KILLED")
+        if run.info.status == "RUNNING":
+            logger.warning(
+                "Run %s of train_key %s was left RUNNING by an earlier attempt and has no checkpoint to "
+                "resume from; marking it KILLED.",
+                run.info.run_id,
+                train_key,
+            )
+            client.set_terminated(run.info.run_id, status="KILLED")
+
+
+def last_checkpoint(output_dir: Path) -> tuple[Path, int] | None:
+    """The newest complete checkpoint under ``output_dir/checkpoints`` and its global step."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = output_dir / CHECKPOINTS
+    if not folder.is_dir():
+        return None
+    found = get_last_checkpoint(str(folder))
+    if found is None:
+        return None
+    state = Path(found) / "trainer_state.json"
+    if not state.exists():  # a save the crash interrupted
+        return None
+    return Path(found), int(json.loads(state.read_text())["global_step"])
+
+
+def code_version() -> str:
+    """The sparktune version, plus the git commit when it runs from a checkout (``0.1.0+g1a2b3c4``)."""
+    import subprocess
+
+    try:
+        release = version("sparktune")
+    except PackageNotFoundError:
+        release = "unknown"
+    source = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return release
+    return f"{release}+g{sha}" if sha else release
 
 
 def _pip_requirements() -> list[str]:
@@ -277,7 +352,63 @@ def _load_tokenizer(base_model: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def _load_model(base_model: str, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+def check_hardware(params: PipelineParams) -> None:
+    """Fail before any work when the method asked for cannot run here; never fall back silently."""
+    import importlib.util
+
+    import torch
+
+    problems = []
+    if params.peft_method == "qlora":
+        if not torch.cuda.is_available():
+            problems.append(
+                "peft_method=qlora loads the base model in 4-bit NF4 with bitsandbytes, which needs a CUDA "
+                "GPU, and this training process sees none (torch.cuda.is_available() is False). Use "
+                "peft_method=lora on CPU, or train where there is a GPU (train_backend=spark with GPU "
+                "executors, or databricks with a GPU node type)."
+            )
+        elif importlib.util.find_spec("bitsandbytes") is None:
+            problems.append(
+                "peft_method=qlora needs the bitsandbytes package on the training nodes: "
+                "pip install bitsandbytes."
+            )
+    if params.deepspeed_stage > 0:
+        if importlib.util.find_spec("deepspeed") is None:
+            problems.append(
+                f"deepspeed_stage={params.deepspeed_stage} needs the deepspeed package on the training nodes "
+                "(pip install deepspeed), or set deepspeed_stage=0."
+            )
+        elif not torch.cuda.is_available():
+            problems.append(
+                f"deepspeed_stage={params.deepspeed_stage}: DeepSpeed ZeRO shards across GPUs and this "
+                "process sees none; set deepspeed_stage=0 on CPU."
+            )
+    if problems:
+        raise TrainingInputError("\n".join(problems))
+
+
+def deepspeed_config(stage: int) -> dict[str, Any] | None:
+    """The DeepSpeed config for a ZeRO stage, "auto" where the trainer fills in its own values."""
+    if stage == 0:
+        return None
+    if stage not in (1, 2, 3):
+        raise TrainingInputError(f"deepspeed_stage must be 0, 1, 2 or 3, got {stage}.")
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    if stage == 3:
+        # Gather the full 16-bit weights on save, so a checkpoint or the final model loads without DeepSpeed.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
+
+
+def _load_model(
+    base_model: str, tokenizer: PreTrainedTokenizerBase, peft_method: str = "lora"
+) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -288,8 +419,24 @@ def _load_model(base_model: str, tokenizer: PreTrainedTokenizerBase) -> PreTrain
             f"Base model folder {base_model!r} does not exist; build the tiny base model first or pass a "
             "Hugging Face hub id."
         )
-    # Weights stay float32; bf16 is autocast by the trainer where the hardware supports it.
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+    if peft_method == "qlora":
+        from peft import prepare_model_for_kbit_training
+        from transformers import BitsAndBytesConfig
+
+        # The seed recipe's QLoRA: 4-bit NF4 with double quantization, bf16 compute.
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+        model = AutoModelForCausalLM.from_pretrained(
+            base_model, quantization_config=quantization, dtype=torch.bfloat16
+        )
+        model = prepare_model_for_kbit_training(model)
+    else:
+        # Weights stay float32; bf16 is autocast by the trainer where the hardware supports it.
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
@@ -315,6 +462,39 @@ def _lora_config(params: PipelineParams) -> Any:
         target_modules=_split_modules(params.lora_target_modules),
         modules_to_save=_split_modules(params.lora_modules_to_save),
     )
+
+
+def check_packing_isolation(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> float:
+    """Check that two examples packed in one row do not see each other; return the largest logit gap.
+
+    Packing here is padding-free: the examples of a row are concatenated, and only their position
+    ids (restarting at 0) mark the boundaries. Models whose attention builds its mask from them
+    (transformers' masking utilities, flash-attention varlen) keep each example to itself; others
+    would let an example attend to the one before it, silently. Probed on the real model, because
+    no config flag tells.
+    """
+    import torch
+
+    first = tokenizer("billing question about my invoice", add_special_tokens=False)["input_ids"]
+    second = tokenizer("the shipping box arrived broken", add_special_tokens=False)["input_ids"]
+    packed_ids = torch.tensor([first + second])
+    positions = torch.tensor([list(range(len(first))) + list(range(len(second)))])
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode():
+        packed = model(input_ids=packed_ids, position_ids=positions).logits[0, len(first) :].float()
+        alone = model(input_ids=torch.tensor([second])).logits[0].float()
+    model.train(was_training)
+    gap = float((packed - alone).abs().max())
+    if not gap <= 1e-3:
+        raise TrainingInputError(
+            f"packing=true would let packed examples attend to each other with this model "
+            f"({type(model).__name__}, attention {model.config._attn_implementation!r}): the second of two "
+            f"packed examples gets logits {gap:.3g} away from the same example alone. Set packing=false "
+            "(dynamic padding), or use a model whose attention honours position ids (e.g. LLaMA/Mistral "
+            "with sdpa or flash_attention_2)."
+        )
+    return gap
 
 
 def _use_bf16() -> bool:
@@ -363,6 +543,8 @@ def _make_trainer_classes() -> tuple[type, type]:
         def on_log(self, args, state, control, logs=None, **kwargs):
             import mlflow
 
+            if not state.is_world_process_zero:  # one writer per run: rank 0
+                return
             logs = dict(logs or {})
             step = state.global_step
             if "train_runtime" in logs:  # the end-of-training summary
@@ -395,31 +577,41 @@ def _expected_steps(params: PipelineParams, n_train: int, world_size: int) -> in
     return max(1, math.ceil(math.ceil(n_train / per_step) * params.num_train_epochs))
 
 
-def _sft_config(params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0) -> Any:
+def _sft_config(
+    params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
+) -> Any:
     """``stream_shards`` > 0: the train split is a Parquet stream with that many files."""
     import torch
     from trl import SFTConfig
 
     on_gpu = torch.cuda.is_available()
-    # A stream has no length: the step count comes from the footers' row count. DataLoader
-    # workers read and tokenize ahead of the model (one file per worker at a time).
+    # A stream has no length: the step count comes from the footers' row count, and every
+    # optimizer step consumes a batch from each of the world_size processes.
     max_steps = (
-        params.max_steps if params.max_steps > 0 or not stream_shards else _expected_steps(params, n_train, 1)
+        params.max_steps
+        if params.max_steps > 0 or not stream_shards
+        else _expected_steps(params, n_train, world_size)
     )
     workers = min(2, stream_shards)
     prefetch = {"dataloader_prefetch_factor": 4} if workers else {}
+    if params.packing:
+        # Best-fit decreasing packing, padding-free: rows of whole examples, never cut, each
+        # example's positions restarting at 0 so attention stays inside it ("wrapped" packing
+        # would cut examples and let them see each other). check_packing_isolation guards models
+        # that ignore the positions.
+        batching: dict[str, Any] = {"packing": True, "packing_strategy": "bfd", "padding_free": True}
+    else:
+        # Dynamic padding (pad to the longest in the batch) and length-grouped batches: on this
+        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (DESIGN.md).
+        batching = {"packing": False, "padding_free": False, "train_sampling_strategy": "group_by_length"}
     config = SFTConfig(
-        output_dir=str(output_dir / "checkpoints"),
+        output_dir=str(output_dir / CHECKPOINTS),
         # Prompt-completion data: TRL masks the prompt out of the labels (completion_only_loss) and
         # appends eos to the completion, so the model learns to stop after the label.
         completion_only_loss=True,
-        packing=False,
-        padding_free=False,
         max_length=params.max_length,
-        # Dynamic padding (pad to the longest in the batch) and length-grouped batches: on this
-        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (DESIGN.md).
         pad_to_multiple_of=None,
-        train_sampling_strategy="group_by_length",
+        **batching,
         learning_rate=params.learning_rate,
         num_train_epochs=params.num_train_epochs,
         max_steps=max_steps,
@@ -437,9 +629,17 @@ def _sft_config(params: PipelineParams, output_dir: Path, n_train: int, stream_s
         logging_strategy="steps",
         logging_first_step=True,
         # About 100 points on the loss curve whatever the run length.
-        logging_steps=max(1, _expected_steps(params, n_train, 1) // 100),
+        logging_steps=max(1, _expected_steps(params, n_train, world_size) // 100),
         eval_strategy="no",
-        save_strategy="no",
+        # Checkpoints (weights or adapter, optimizer, scheduler, RNG states, data position) are what
+        # a retry resumes from.
+        save_strategy="steps",
+        save_steps=params.checkpoint_steps,
+        save_total_limit=CHECKPOINTS_KEPT,
+        save_only_model=False,
+        deepspeed=deepspeed_config(params.deepspeed_stage),
+        # gloo on CPU, nccl on GPUs: the accelerate default for the device.
+        ddp_find_unused_parameters=False,
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=workers,
@@ -518,18 +718,24 @@ def verify_logged_model(
 # Training
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def train(request: TrainRequest) -> TrainResult:
     """Fine-tune ``request.base_model`` on the dataset, log everything and the merged model to MLflow.
 
     Returns the result of an earlier FINISHED run with the same ``train_key`` (``reused=True``)
-    instead of training again.
+    instead of training again; resumes from the key's last checkpoint when there is one.
     """
     params = parse_params(request.params)
+    check_hardware(params)
     output_dir = Path(request.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with using_tracking_uri(request.mlflow_tracking_uri):
         result = _train_or_reuse(request, params, output_dir)
-    _write_result(output_dir, result)
+    if _rank() == 0:
+        _write_result(output_dir, result)
     return result
 
 
@@ -543,18 +749,44 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
     if previous is not None:
         logger.info("Reusing finished run %s for train_key %s: nothing trained.", previous, request.train_key)
         return _reuse(previous)
-    _close_abandoned_runs(client, experiment_id, request.train_key)
 
+    checkpoint = last_checkpoint(output_dir)
+    if _rank() != 0:
+        # Every rank trains; only rank 0 owns the MLflow run.
+        splits = _training_splits(request, params)
+        return _train_in_run(None, request, params, splits, output_dir, checkpoint)
+
+    unfinished = _unfinished_runs(client, experiment_id, request.train_key)
+    resume_run = unfinished[0] if unfinished and checkpoint is not None else None
+    _close_abandoned_runs(client, [r for r in unfinished if r is not resume_run], request.train_key)
     train_ds, val_ds, n_train = _training_splits(request, params)
-    tags = {
-        **{k: str(v) for k, v in request.tags.items()},
-        TRAIN_KEY_TAG: request.train_key,
-        "sparktune.base_model": request.base_model,
-        "sparktune.peft_method": params.peft_method,
-        "sparktune.dataset_path": request.dataset_path,
-    }
-    with mlflow.start_run(experiment_id=experiment_id, run_name=request.run_name or None, tags=tags) as run:
-        result = _train_in_run(run.info.run_id, request, params, (train_ds, val_ds, n_train), output_dir)
+    if resume_run is not None:
+        logger.info(
+            "Resuming run %s of train_key %s from %s (step %d).",
+            resume_run.info.run_id,
+            request.train_key,
+            checkpoint[0].name,
+            checkpoint[1],
+        )
+        run_context = mlflow.start_run(run_id=resume_run.info.run_id)
+    else:
+        if checkpoint is not None:
+            logger.info("No MLflow run left to resume; a new run continues from %s.", checkpoint[0].name)
+        tags = {
+            **{k: str(v) for k, v in request.tags.items()},
+            TRAIN_KEY_TAG: request.train_key,
+            CODE_VERSION_TAG: code_version(),
+            "sparktune.base_model": request.base_model,
+            "sparktune.peft_method": params.peft_method,
+            "sparktune.dataset_path": request.dataset_path,
+        }
+        run_context = mlflow.start_run(
+            experiment_id=experiment_id, run_name=request.run_name or None, tags=tags
+        )
+    with run_context as run:
+        result = _train_in_run(
+            run.info.run_id, request, params, (train_ds, val_ds, n_train), output_dir, checkpoint
+        )
         mlflow.log_dict(result.to_dict(), RESULT_ARTIFACT)
         # Set last: find_finished_run only trusts runs that got this far.
         mlflow.set_tag(MODEL_URI_TAG, result.model_uri)
@@ -591,109 +823,169 @@ def _training_splits(request: TrainRequest, params: PipelineParams) -> tuple[Any
     return train_ds, dataset["validation"].select_columns(list(REQUIRED_COLUMNS)), len(train_ds)
 
 
+def _all_ranks_sum(*values: int) -> list[int]:
+    """Sum per-process counters over the ranks (each rank saw its own share of every batch)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    counts = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(counts)
+    return [int(v) for v in counts.tolist()]
+
+
+def _first_logged_loss(run_id: str) -> float | None:
+    from mlflow import MlflowClient
+
+    history = MlflowClient().get_metric_history(run_id, "train_loss")
+    return min(history, key=lambda m: m.step).value if history else None
+
+
 def _train_in_run(
-    run_id: str,
+    run_id: str | None,
     request: TrainRequest,
     params: PipelineParams,
     splits: tuple[Any, Any, int],
     output_dir: Path,
+    checkpoint: tuple[Path, int] | None,
 ) -> TrainResult:
+    """Train (resuming from ``checkpoint``), then on rank 0 (``run_id`` set) log and verify the model."""
     import mlflow
     from transformers import PrinterCallback, set_seed
 
+    main_process = run_id is not None
     set_seed(params.seed)
     tokenizer = _load_tokenizer(request.base_model)
-    model = _load_model(request.base_model, tokenizer)
+    model = _load_model(request.base_model, tokenizer, params.peft_method)
+    if params.packing:
+        check_packing_isolation(model, tokenizer)
 
     train_ds, val_ds, n_train = splits
-    mlflow.log_params({k: _param_value(v) for k, v in params.to_dict().items()})
-    mlflow.log_params(
-        {
-            "base_model_resolved": request.base_model,
-            "dataset_path": request.dataset_path,
-            "n_train": n_train,
-            "n_validation": len(val_ds),
-            "train_key": request.train_key,
-        }
-    )
-
     streaming = params.dataset_mode == "streaming"
     trainer_cls, callback_cls = _make_trainer_classes()
     step_logger = callback_cls()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     trainer = trainer_cls(
         model=model,
-        args=_sft_config(params, output_dir, n_train, getattr(train_ds, "num_shards", 0) if streaming else 0),
+        args=_sft_config(
+            params,
+            output_dir,
+            n_train,
+            getattr(train_ds, "num_shards", 0) if streaming else 0,
+            world_size=world_size,
+        ),
         train_dataset=train_ds,
         eval_dataset=val_ds,
         processing_class=tokenizer,
-        peft_config=_lora_config(params) if params.peft_method == "lora" else None,
+        peft_config=_lora_config(params) if params.peft_method in ("lora", "qlora") else None,
         callbacks=[step_logger],
     )
     # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
     trainer.remove_callback(PrinterCallback)
     trainable, total = _count_params(trainer.model)
     world_size = trainer.args.world_size
-    mlflow.log_metrics(
-        {
-            "trainable_params": trainable,
-            "total_params": total,
-            "trainable_percent": 100.0 * trainable / total,
-            "world_size": world_size,
-        }
-    )
+    if main_process:
+        mlflow.log_params({k: _param_value(v) for k, v in params.to_dict().items()})
+        mlflow.log_params(
+            {
+                "base_model_resolved": request.base_model,
+                "dataset_path": request.dataset_path,
+                "n_train": n_train,
+                "n_validation": len(val_ds),
+                "train_key": request.train_key,
+            }
+        )
+        mlflow.log_metrics(
+            {
+                "trainable_params": trainable,
+                "total_params": total,
+                "trainable_percent": 100.0 * trainable / total,
+                "world_size": world_size,
+            }
+        )
+        if checkpoint is not None:
+            mlflow.set_tag(RESUMED_FROM_TAG, str(checkpoint[1]))
+            mlflow.log_metric("resumed_from_step", checkpoint[1], step=checkpoint[1])
     logger.info(
-        "Training %s (%s): %d of %d parameters trainable (%.3f%%), %d train / %d validation examples.",
+        "Training %s (%s, world size %d): %d of %d parameters trainable (%.3f%%), %d train / %d validation "
+        "examples%s.",
         request.base_model,
         params.peft_method,
+        world_size,
         trainable,
         total,
         100.0 * trainable / total,
         n_train,
         len(val_ds),
+        f", resuming from {checkpoint[0].name}" if checkpoint else "",
     )
 
     started = time.perf_counter()
-    train_output = trainer.train()
+    train_output = trainer.train(resume_from_checkpoint=str(checkpoint[0]) if checkpoint else None)
     train_seconds = time.perf_counter() - started
     global_steps = int(train_output.global_step)
 
-    # Counts are per process; each rank sees its own shard of every batch.
-    real_tokens = trainer.real_tokens * world_size
-    padded_tokens = trainer.padded_tokens * world_size
+    real_tokens, padded_tokens = _all_ranks_sum(trainer.real_tokens, trainer.padded_tokens)
     tokens_per_second = real_tokens / train_seconds if train_seconds > 0 else 0.0
     padding_efficiency = real_tokens / padded_tokens if padded_tokens else 1.0
+    # Collective under DDP: every rank evaluates its share of the validation split.
     val_loss = float(trainer.evaluate()["eval_loss"])
+    if not main_process:
+        return TrainResult(
+            mlflow_run_id="",
+            model_uri="",
+            trainable_params=trainable,
+            total_params=total,
+            trainable_percent=100.0 * trainable / total,
+            train_loss=float("nan"),
+            initial_loss=float("nan"),
+            tokens_per_second=tokens_per_second,
+            padding_efficiency=padding_efficiency,
+            train_seconds=train_seconds,
+            global_steps=global_steps,
+            val_loss=val_loss,
+        )
 
-    if not step_logger.losses:
+    if not step_logger.losses and checkpoint is None:
         raise RuntimeError("Training logged no loss: the dataset yielded no training steps.")
-    initial_loss = step_logger.losses[0][1]
-    final_loss = step_logger.losses[-1][1]
+    # After a resume the curve's start is in the run already, from the attempt that crashed.
+    initial_loss = _first_logged_loss(run_id) if checkpoint else None
+    if initial_loss is None:
+        initial_loss = step_logger.losses[0][1]
+    final_loss = step_logger.losses[-1][1] if step_logger.losses else initial_loss
+    steps_this_attempt = global_steps - (checkpoint[1] if checkpoint else 0)
     mlflow.log_metrics(
         {
             "initial_loss": initial_loss,
             "final_train_loss": final_loss,
+            "val_perplexity": math.exp(min(val_loss, 50.0)),
             "tokens_per_second": tokens_per_second,
             "padding_efficiency": padding_efficiency,
             "train_seconds": train_seconds,
-            "seconds_per_step": train_seconds / max(global_steps, 1),
+            "seconds_per_step": train_seconds / max(steps_this_attempt, 1),
             "global_steps": global_steps,
+            "steps_this_attempt": steps_this_attempt,
             "train_tokens": real_tokens,
         }
     )
     logger.info(
-        "Trained %d steps in %.1f s (%.3f s/step): loss %.4f -> %.4f, val_loss %.4f, "
-        "%.0f tokens/s, padding efficiency %.3f.",
+        "Trained %d steps (%d in this attempt) in %.1f s (%.3f s/step): loss %.4f -> %.4f, val_loss %.4f "
+        "(perplexity %.3g), %.0f tokens/s, padding efficiency %.3f.",
         global_steps,
+        steps_this_attempt,
         train_seconds,
-        train_seconds / max(global_steps, 1),
+        train_seconds / max(steps_this_attempt, 1),
         initial_loss,
         final_loss,
         val_loss,
+        math.exp(min(val_loss, 50.0)),
         tokens_per_second,
         padding_efficiency,
     )
 
-    merged = _merge(trainer, params, output_dir)
+    merged = _merge(trainer, params, request, output_dir)
     merged.eval()
     mlflow.transformers.log_model(
         transformers_model={"model": merged, "tokenizer": tokenizer},
@@ -702,8 +994,8 @@ def _train_in_run(
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
-    sample = val_ds.select(range(min(4, len(val_ds))))
-    texts = [p + c for p, c in zip(sample["prompt"], sample["completion"], strict=True)]
+    sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
+    texts = [row["prompt"] + row["completion"] for row in sample]
     diff = verify_logged_model(model_uri, merged, tokenizer, texts)
     mlflow.log_metric("logged_model_max_logit_diff", diff)
     logger.info("Logged model %s reloads with max logit difference %.2g.", model_uri, diff)
@@ -725,17 +1017,27 @@ def _train_in_run(
     )
 
 
-def _merge(trainer: Any, params: PipelineParams, output_dir: Path) -> PreTrainedModel:
-    """The trained weights as a plain transformers model; the LoRA adapter goes to ``adapter/`` too."""
+def _merge(trainer: Any, params: PipelineParams, request: TrainRequest, output_dir: Path) -> PreTrainedModel:
+    """The trained weights as a plain transformers model; the adapter goes to ``adapter/`` too."""
     import mlflow
 
     model = trainer.model
-    if params.peft_method != "lora":
+    if params.peft_method == "full":
         return model
     adapter_dir = output_dir / ADAPTER_ARTIFACT
     model.save_pretrained(str(adapter_dir))
     trainer.processing_class.save_pretrained(str(adapter_dir))
     mlflow.log_artifacts(str(adapter_dir), ADAPTER_ARTIFACT)
+    if params.peft_method == "qlora":
+        # Merging into the 4-bit base would round the adapter into its quantization grid and
+        # degrade the model: merge into a 16-bit copy of the base instead.
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(request.base_model, dtype=torch.bfloat16)
+        base.config.pad_token_id = trainer.processing_class.pad_token_id
+        return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     # Logging the PeftModel itself loses the base weights on load when the base is a local
     # folder (DESIGN.md); the merged model round-trips exactly.
     return model.merge_and_unload()
@@ -812,8 +1114,14 @@ __all__ = [
     "TrainRequest",
     "TrainResult",
     "TrainingInputError",
+    "check_hardware",
+    "check_packing_isolation",
+    "code_version",
+    "deepspeed_config",
     "find_finished_run",
     "configure_process_logging",
+    "last_checkpoint",
+    "load_finished_result",
     "main",
     "max_logit_difference",
     "train",

@@ -22,13 +22,14 @@ from airflow.configuration import conf
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.databricks.operators.databricks import DatabricksJobRunLink
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
-from airflow.providers.databricks.operators.databricks import DatabricksJobRunLink
 from sparktune.params import InvalidParamsError, PipelineParams, parse_params
+
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
 
@@ -511,7 +512,9 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
         # find it again (see training_process).
         return hook._build_spark_submit_command(job_path("train"))
 
-    def _execute_process(self, context: Any, request: dict[str, Any], params: PipelineParams) -> dict[str, Any]:
+    def _execute_process(
+        self, context: Any, request: dict[str, Any], params: PipelineParams
+    ) -> dict[str, Any]:
         work = Path(request["output_dir"])
         live = training_process.live_submission(work)
         if live is not None:

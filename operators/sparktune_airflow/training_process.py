@@ -13,6 +13,7 @@ Not ``SubprocessHook``: it can neither be found again by a later attempt nor tai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -135,7 +136,5 @@ def stop(submission: Submission, grace_seconds: float = 30.0) -> None:
         if submission.process() is None:
             return
         time.sleep(0.2)
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -18,7 +18,6 @@ Exit codes as for every sparktune job: 0 done, 2 bad input (a retry cannot help)
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
