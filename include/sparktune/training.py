@@ -407,11 +407,18 @@ def deepspeed_config(stage: int) -> dict[str, Any] | None:
 
 
 def _load_model(
-    base_model: str, tokenizer: PreTrainedTokenizerBase, peft_method: str = "lora"
+    base_model: str,
+    tokenizer: PreTrainedTokenizerBase,
+    peft_method: str = "lora",
+    auto_class: Any = None,
+    **model_kwargs: Any,
 ) -> PreTrainedModel:
+    """The base model for training; ``auto_class`` (default AutoModelForCausalLM) and ``model_kwargs``
+    (e.g. ``num_labels``) choose the head."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    auto_class = auto_class or AutoModelForCausalLM
     if (base_model.startswith(("/", ".", "~")) or Path(base_model).exists()) and not Path(
         base_model
     ).expanduser().is_dir():
@@ -430,15 +437,16 @@ def _load_model(
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
-        model = AutoModelForCausalLM.from_pretrained(
-            base_model, quantization_config=quantization, dtype=torch.bfloat16
+        model = auto_class.from_pretrained(
+            base_model, quantization_config=quantization, dtype=torch.bfloat16, **model_kwargs
         )
         model = prepare_model_for_kbit_training(model)
     else:
         # Weights stay float32; bf16 is autocast by the trainer where the hardware supports it.
-        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        model = auto_class.from_pretrained(base_model, dtype=torch.float32, **model_kwargs)
     model.config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:  # heads that do not generate have none
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
 
 
@@ -482,8 +490,11 @@ def check_packing_isolation(model: PreTrainedModel, tokenizer: PreTrainedTokeniz
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        packed = model(input_ids=packed_ids, position_ids=positions).logits[0, len(first) :].float()
-        alone = model(input_ids=torch.tensor([second])).logits[0].float()
+        # use_cache=False as in training (TRL's compute_loss): with a KV cache the boundaries in the
+        # position ids are not looked at.
+        packed = model(input_ids=packed_ids, position_ids=positions, use_cache=False).logits
+        packed = packed[0, len(first) :].float()
+        alone = model(input_ids=torch.tensor([second]), use_cache=False).logits[0].float()
     model.train(was_training)
     gap = float((packed - alone).abs().max())
     if not gap <= 1e-3:
@@ -513,26 +524,34 @@ def _count_params(model: torch.nn.Module) -> tuple[int, int]:
 # Trainer pieces
 
 
+class TokenCountingMixin:
+    """Counts real and padded tokens of every training batch, for tokens/s and padding efficiency.
+
+    Mixed into a transformers ``Trainer`` subclass (before it in the bases): the SFT trainer and the
+    sequence classification trainer count alike.
+    """
+
+    real_tokens = 0
+    padded_tokens = 0
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            self.real_tokens += int(mask.sum())
+            self.padded_tokens += int(mask.numel())
+        else:  # padding-free batches carry no padding at all
+            self.real_tokens += int(inputs["input_ids"].numel())
+            self.padded_tokens += int(inputs["input_ids"].numel())
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
 def _make_trainer_classes() -> tuple[type, type]:
     """Build the trainer subclass and the MLflow callback lazily, so importing this module stays light."""
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    class CountingSFTTrainer(SFTTrainer):
-        """Counts real and padded tokens of every training batch, for tokens/s and padding efficiency."""
-
-        real_tokens = 0
-        padded_tokens = 0
-
-        def training_step(self, model, inputs, num_items_in_batch=None):
-            mask = inputs.get("attention_mask")
-            if mask is not None:
-                self.real_tokens += int(mask.sum())
-                self.padded_tokens += int(mask.numel())
-            else:  # padding-free batches carry no padding at all
-                self.real_tokens += int(inputs["input_ids"].numel())
-                self.padded_tokens += int(inputs["input_ids"].numel())
-            return super().training_step(model, inputs, num_items_in_batch)
+    class CountingSFTTrainer(TokenCountingMixin, SFTTrainer):
+        """An SFTTrainer that counts the tokens of its training batches."""
 
     class MlflowStepLogger(TrainerCallback):
         """Logs each logging step to the run this module opened (not one the MLflow callback opens)."""
@@ -577,12 +596,14 @@ def _expected_steps(params: PipelineParams, n_train: int, world_size: int) -> in
     return max(1, math.ceil(math.ceil(n_train / per_step) * params.num_train_epochs))
 
 
-def _sft_config(
+def trainer_arguments(
     params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
-) -> Any:
-    """``stream_shards`` > 0: the train split is a Parquet stream with that many files."""
+) -> dict[str, Any]:
+    """The ``TrainingArguments`` every task shares: steps, batches, seeds, logging, checkpoints, DeepSpeed.
+
+    ``stream_shards`` > 0: the train split is a Parquet stream with that many files.
+    """
     import torch
-    from trl import SFTConfig
 
     on_gpu = torch.cuda.is_available()
     # A stream has no length: the step count comes from the footers' row count, and every
@@ -594,24 +615,8 @@ def _sft_config(
     )
     workers = min(2, stream_shards)
     prefetch = {"dataloader_prefetch_factor": 4} if workers else {}
-    if params.packing:
-        # Best-fit decreasing packing, padding-free: rows of whole examples, never cut, each
-        # example's positions restarting at 0 so attention stays inside it ("wrapped" packing
-        # would cut examples and let them see each other). check_packing_isolation guards models
-        # that ignore the positions.
-        batching: dict[str, Any] = {"packing": True, "packing_strategy": "bfd", "padding_free": True}
-    else:
-        # Dynamic padding (pad to the longest in the batch) and length-grouped batches: on this
-        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (DESIGN.md).
-        batching = {"packing": False, "padding_free": False, "train_sampling_strategy": "group_by_length"}
-    config = SFTConfig(
+    return dict(
         output_dir=str(output_dir / CHECKPOINTS),
-        # Prompt-completion data: TRL masks the prompt out of the labels (completion_only_loss) and
-        # appends eos to the completion, so the model learns to stop after the label.
-        completion_only_loss=True,
-        max_length=params.max_length,
-        pad_to_multiple_of=None,
-        **batching,
         learning_rate=params.learning_rate,
         num_train_epochs=params.num_train_epochs,
         max_steps=max_steps,
@@ -645,6 +650,33 @@ def _sft_config(
         dataloader_num_workers=workers,
         dataloader_pin_memory=on_gpu,
         **prefetch,
+    )
+
+
+def _sft_config(
+    params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
+) -> Any:
+    """``stream_shards`` > 0: the train split is a Parquet stream with that many files."""
+    from trl import SFTConfig
+
+    if params.packing:
+        # Best-fit decreasing packing, padding-free: rows of whole examples, never cut, each
+        # example's positions restarting at 0 so attention stays inside it ("wrapped" packing
+        # would cut examples and let them see each other). check_packing_isolation guards models
+        # that ignore the positions.
+        batching: dict[str, Any] = {"packing": True, "packing_strategy": "bfd", "padding_free": True}
+    else:
+        # Dynamic padding (pad to the longest in the batch) and length-grouped batches: on this
+        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (DESIGN.md).
+        batching = {"packing": False, "padding_free": False, "train_sampling_strategy": "group_by_length"}
+    config = SFTConfig(
+        # Prompt-completion data: TRL masks the prompt out of the labels (completion_only_loss) and
+        # appends eos to the completion, so the model learns to stop after the label.
+        completion_only_loss=True,
+        max_length=params.max_length,
+        pad_to_multiple_of=None,
+        **batching,
+        **trainer_arguments(params, output_dir, n_train, stream_shards, world_size),
     )
     return config
 
