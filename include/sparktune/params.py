@@ -533,6 +533,12 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
     for column in ("text_column", "label_column"):
         if not values[column].strip():
             problems.append(f"{column}: must name a column")
+    if values["packing"] and values["task"] == "sequence_classification":
+        problems.append(
+            "packing: task=sequence_classification scores each text on its own (one label per text, "
+            "read from its last token), so texts cannot be packed into shared rows; set packing=false "
+            "(batches are padded dynamically and grouped by length)"
+        )
     if not values["lora_target_modules"].strip() and values["peft_method"] in ("lora", "qlora"):
         problems.append("lora_target_modules: name at least one module, or all-linear")
     if values["train_backend"] == "databricks":
