@@ -629,6 +629,9 @@ def trainer_arguments(
         data_seed=params.seed,
         bf16=_use_bf16(),
         fp16=False,
+        # Without a GPU, accelerate only sets up DDP (gloo) over the torch.distributed environment
+        # TorchDistributor provides when told to run on the CPU; otherwise each rank trains alone.
+        use_cpu=not on_gpu,
         # Recomputing activations saves GPU memory but only costs time on a small CPU model.
         activation_checkpointing=on_gpu,
         logging_strategy="steps",

@@ -485,11 +485,17 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
             params.train_backend,
             request["output_dir"],
         )
+        finished = self._finished_result(context)
+        if finished is not None:
+            # Nothing to submit: an earlier attempt trained this key to the end.
+            self.log.info("Reusing finished MLflow run %s: nothing trained.", finished["mlflow_run_id"])
+            return {**finished, "reused": True}
         if params.train_backend == "databricks":
             return self._execute_databricks(context, request, params)
         return self._execute_process(context, request, params)
 
     def _process_command(self, request: dict[str, Any], params: PipelineParams, work: Path) -> list[str]:
+        work.mkdir(parents=True, exist_ok=True)
         request_path = work / "train_request.json"
         request_path.write_text(json.dumps(request, indent=2))
         if params.train_backend == "local":
@@ -528,22 +534,31 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
         else:
             command = self._process_command(request, params, work)
             self.log.info("Starting: %s", " ".join(command))
-            child = training_process.start(command, dict(os.environ), work, params.train_backend)
+            env = dict(os.environ)
+            # spark-submit comes with the pyspark wheel, beside this interpreter, whether or not
+            # the worker's PATH has the virtual environment on it.
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+            child = training_process.start(command, env, work, params.train_backend)
             self._submission = training_process.read_record(work)
             exit_code, last_line = training_process.follow(self._submission, self.log.info, child=child)
             _raise_for_exit_code("training", exit_code, last_line)
         return self._finish(context)
 
-    def _finish(self, context: Any) -> dict[str, Any]:
-        """The result of the finished MLflow run of this task's train key, whatever ran it."""
+    def _finished_result(self, context: Any) -> dict[str, Any] | None:
         from sparktune.training import load_finished_result
 
         params = pipeline_params(self.pipeline_params, context)
-        train_key = self._train_key(context, params)
-        outcome = load_finished_result(
-            settings().mlflow_tracking_uri, experiment_name(params.model_name), train_key
+        return load_finished_result(
+            settings().mlflow_tracking_uri,
+            experiment_name(params.model_name),
+            self._train_key(context, params),
         )
+
+    def _finish(self, context: Any) -> dict[str, Any]:
+        """The result of the finished MLflow run of this task's train key, whatever ran it."""
+        outcome = self._finished_result(context)
         if outcome is None:
+            train_key = self._train_key(context, pipeline_params(self.pipeline_params, context))
             raise AirflowException(
                 f"Training of key {train_key} ended without a finished MLflow run; the retry resumes "
                 "from its last checkpoint."

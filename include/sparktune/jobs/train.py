@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 EXIT_BAD_INPUT = 2
-APP_NAME = "sparktune-train"
 log = logging.getLogger("sparktune.jobs.train")
 
 
@@ -64,7 +63,8 @@ def run_distributed(request_json: str, num_workers: int) -> dict[str, Any]:
     from pyspark.ml.torch.distributor import TorchDistributor
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(APP_NAME).getOrCreate()
+    # No appName here: it would override spark-submit's --name, which carries the train key.
+    spark = SparkSession.builder.getOrCreate()
     use_gpu = _spark_uses_gpu(spark)
     log.info("TorchDistributor: %d processes over the executors, use_gpu=%s", num_workers, use_gpu)
     distributor = TorchDistributor(num_processes=num_workers, local_mode=False, use_gpu=use_gpu)

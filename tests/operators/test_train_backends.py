@@ -1,0 +1,273 @@
+"""TrainModelOperator on the local and spark backends, for real.
+
+The spark test starts a standalone Spark cluster on 127.0.0.1 from the pyspark wheel (a Master
+and a Worker with two cores, as `spark-class` runs them on any cluster), submits the training
+entry point to it with spark-submit, and TorchDistributor runs DDP (gloo) in two processes on the
+executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests.unit import tiny_model
+except ImportError:  # tests/ is not a package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    import tiny_model
+
+
+@dataclass
+class FakeTaskInstance:
+    dag_id: str = "llm_finetune"
+    run_id: str = "manual__2026-11-23"
+    task_id: str = "train"
+    try_number: int = 1
+    xcom: dict = field(default_factory=dict)
+
+    def xcom_push(self, key, value):
+        self.xcom[key] = value
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, monkeypatch_module):
+    root = tiny_model.workspace(tmp_path_factory.mktemp("backends"))
+    home = root / "home"
+    monkeypatch_module.setenv("SPARKTUNE_HOME", str(home))
+    monkeypatch_module.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{home / 'mlflow.db'}")
+    monkeypatch_module.setenv("OMP_NUM_THREADS", "1")
+    return root
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def _params(**overrides):
+    from sparktune.params import default_params
+
+    params = default_params()
+    params.update(
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=1,
+        warmup_ratio=0.0,
+        max_length=128,
+        lora_modules_to_save="lm_head",
+        learning_rate=1e-2,
+        max_steps=20,
+        checkpoint_steps=10,
+        model_name="tiny-backends",
+    )
+    params.update(overrides)
+    return params
+
+
+def _operator(workspace: Path, **kwargs):
+    from sparktune_airflow.operators import TrainModelOperator
+
+    return TrainModelOperator(
+        task_id="train",
+        dataset_uri=str(workspace / "data"),
+        base_model=str(workspace / "model"),
+        data_fingerprint="fp-backends",
+        **kwargs,
+    )
+
+
+def _context(params: dict, **ti) -> dict:
+    return {"ti": FakeTaskInstance(**ti), "params": params}
+
+
+def _runs_of(key_filter: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name("sparktune-tiny-backends")
+    return client.search_runs([experiment.experiment_id], key_filter) if experiment else []
+
+
+def test_local_backend_trains_streams_the_log_and_a_retry_reuses_the_run(workspace, capsys):
+    operator = _operator(workspace)
+    context = _context(_params(), run_id="local-1")
+    result = operator.execute(context)
+    assert result["global_steps"] == 20 and not result["reused"]
+    # The subprocess's own log lines reached the task log (Airflow's structlog writes to stdout here).
+    assert "Trained 20 steps" in capsys.readouterr().out
+
+    again = _operator(workspace).execute(_context(_params(), run_id="local-1", try_number=2))
+    assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
+    runs = _runs_of(f"tags.`sparktune.train_key` = '{operator._train_key(context, _parse(_params()))}'")
+    assert len(runs) == 1
+
+
+def _parse(params):
+    from sparktune.params import parse_params
+
+    return parse_params(params)
+
+
+def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(workspace, capsys):
+    from sparktune_airflow import training_process
+
+    params = _params(max_steps=60)
+    first = _operator(workspace)
+    context = _context(params, run_id="reattach-1")
+    request = first._request(context, _parse(params))
+    work = Path(request["output_dir"])
+    # The first attempt's process, left running as if its task runner had died.
+    command = first._process_command(request, _parse(params), work)
+    orphan = training_process.start(command, dict(os.environ), work, "local")
+    pids_before = {orphan.pid}
+
+    retry = _operator(workspace)
+    result = retry.execute(_context(params, run_id="reattach-1", try_number=2))
+    orphan.wait()
+    assert "Reattaching to training process" in capsys.readouterr().out
+    assert training_process.read_record(work).pid in pids_before  # no second process was recorded
+    assert result["global_steps"] == 60 and not result["reused"]
+    assert len(_runs_of(f"tags.`sparktune.train_key` = '{request['train_key']}'")) == 1
+
+
+def test_on_kill_stops_the_training_process(workspace):
+    import threading
+
+    operator = _operator(workspace)
+    context = _context(_params(max_steps=100000, checkpoint_steps=100000), run_id="kill-1")
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            operator.execute(context)
+        except BaseException as exc:  # the task fails once its process is gone
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while operator._submission is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    submission = operator._submission
+    assert submission is not None and submission.process() is not None
+    operator.on_kill()
+    thread.join(60)
+    assert submission.process() is None
+    assert errors and "exited with code" in str(errors[0])
+
+
+# --------------------------------------------------------------------------------------------
+# spark: a real standalone cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory):
+    """A Spark standalone Master and one two-core Worker, started from the pyspark wheel."""
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    logs = tmp_path_factory.mktemp("spark-cluster")
+    env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOG_DIR": str(logs)}
+    port, ui_port = _free_port(), _free_port()
+    spark_class = str(spark_home / "bin" / "spark-class")
+
+    def daemon(name: str, *args: str) -> subprocess.Popen:
+        # The child keeps its own copy of the descriptor; the log outlives this handle.
+        with open(logs / f"{name}.log", "wb") as out:
+            return subprocess.Popen([spark_class, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    master = daemon(
+        "master",
+        "org.apache.spark.deploy.master.Master",
+        *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)),
+    )
+    worker = daemon(
+        "worker",
+        "org.apache.spark.deploy.worker.Worker",
+        f"spark://127.0.0.1:{port}",
+        *("--cores", "2", "--memory", "6g", "--host", "127.0.0.1"),
+        *("--webui-port", str(_free_port()), "--work-dir", str(logs / "work")),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as reply:
+                    state = json.load(reply)
+                if state.get("aliveworkers", 0) >= 1:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the standalone cluster did not come up; see {logs}")
+            time.sleep(0.5)
+        yield {"master": f"spark://127.0.0.1:{port}", "ui": f"http://127.0.0.1:{ui_port}", "logs": logs}
+    finally:
+        for proc in (worker, master):
+            proc.terminate()
+        for proc in (worker, master):
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.mark.spark
+def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
+    workspace, standalone_cluster, monkeypatch
+):
+    from mlflow import MlflowClient
+    from sparktune_airflow.operators import RegisterModelOperator
+
+    host, port = standalone_cluster["master"].rsplit(":", 1)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": host, "port": int(port)})
+    )
+    params = _params(train_backend="spark", num_workers=2, max_steps=20)
+    operator = _operator(
+        workspace,
+        spark_conf={
+            "spark.pyspark.python": sys.executable,
+            "spark.executorEnv.OMP_NUM_THREADS": "1",
+            "spark.executor.memory": "3g",
+        },
+    )
+    result = operator.execute(_context(params, run_id="spark-1"))
+
+    client = MlflowClient()
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["world_size"] == 2
+    assert run.data.tags["sparktune.train_backend"] == "spark"
+    assert result["global_steps"] == 20
+    # Both ranks fed every optimizer step: twice the examples of one process.
+    assert run.data.metrics["train_tokens"] > 0
+
+    apps = json.load(urllib.request.urlopen(f"{standalone_cluster['ui']}/json/", timeout=5))
+    assert any(app["name"].startswith("sparktune-train-") for app in apps["completedapps"])
+
+    register = RegisterModelOperator(
+        task_id="register", run_id=result["mlflow_run_id"], model_name="tiny-spark"
+    )
+    registered = register.execute(_context(params, run_id="spark-1", task_id="register"))
+    # A retry of the training task does not train or register again.
+    again = _operator(workspace).execute(_context(params, run_id="spark-1", try_number=2))
+    assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
+    versions = client.search_model_versions("name = 'tiny-spark'")
+    assert [str(v.version) for v in versions] == [str(registered["version"])]
