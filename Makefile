@@ -11,7 +11,7 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize
+.PHONY: help venv demo run test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -20,6 +20,7 @@ help:
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
+	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512 (BENCH_TRAIN_STEPS=40)"
 
 # The venv is keyed on the lock file: changing the pins reinstalls.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -69,3 +70,8 @@ clean:
 # Four ways from a Spark DataFrame to a Hugging Face dataset, side by side; writes $(SPARKTUNE_HOME)/bench/materialize.json.
 bench-materialize: venv
 	$(PY) benchmarks/bench_materialize.py
+
+# The trainer (dynamic padding, length-grouped batches) vs the seed recipe (padded to 512) on a tiny
+# LLaMA + LoRA, same steps, side by side; writes $(SPARKTUNE_HOME)/bench/train.json. BENCH_TRAIN_STEPS passes through.
+bench-train: venv
+	$(PY) benchmarks/bench_train.py

@@ -1,0 +1,548 @@
+"""Benchmark: real (non-padding) tokens/s of the project's trainer vs the seed recipe, side by side.
+
+    make bench-train                             # 60 optimizer steps per method, batch 16
+    BENCH_TRAIN_STEPS=20 make bench-train        # a quicker, noisier run
+    python benchmarks/bench_train.py --steps 100 --repeats 2 --methods seed_recipe,project
+
+Same tiny model, LoRA config, batch size, optimizer steps, torch threads and data for every
+method, run one after the other in this one process (``--repeats`` alternates them):
+
+- ``seed_recipe``: the baseline built here, TRL ``SFTTrainer`` with every batch padded to 512
+  tokens (``max_length=512, pad_to_multiple_of=512``), batches drawn at random (no length grouping);
+- ``project``: ``sparktune.training.train(TrainRequest)`` with the pipeline's default batching
+  (dynamic padding + length-grouped batches, ``packing=false``), its checkpoints and MLflow step
+  logging included, as the DAG runs it;
+- ``project_packing``: the same with ``packing=true`` (best-fit decreasing, padding-free). A
+  packed row holds several examples, so it runs fewer steps, about the same real tokens as the
+  others (``--packing-steps`` to choose).
+
+Real tokens are attention-mask sums and padded tokens mask sizes per training batch, counted by
+the project's ``CountingSFTTrainer`` for every method; the clock covers ``trainer.train()`` only
+(not model load, tokenization, evaluation or model logging). The model is the project's tiny
+LLaMA architecture (2 layers, hidden 128, its byte-level BPE tokenizer on the demo corpus), with a
+short pre-training since weights do not change the speed; the data are demo support tickets,
+filtered like prepare_data, in the pipeline's prompt template (prompt + label of 46-102 tokens).
+Both are cached under SPARKTUNE_HOME/bench/train; MLflow goes to a throwaway SQLite store there.
+
+Prints a table and writes SPARKTUNE_HOME/bench/train.json. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+METHODS = ("seed_recipe", "project", "project_packing")
+# The seed recipe takes about 3 s a step here: 40 steps keep the whole run near 4 minutes.
+DEFAULT_STEPS = 40
+# A failure of these fails the benchmark; project_packing may be refused for a model that cannot pack.
+REQUIRED_METHODS = ("seed_recipe", "project")
+SEED_MAX_LENGTH = 512
+TARGET_SPEEDUP = 15.0
+TARGET_PADDING_EFFICIENCY = 0.9
+# The pipeline's prompt/label lengths, not its weights, set the speed: a short pre-training is enough.
+PRETRAIN_STEPS = 20
+VALIDATION_ROWS = 32
+DATA_SEED = 7
+
+
+def settings_home() -> Path:
+    return Path(os.environ.get("SPARKTUNE_HOME", ".local")).expanduser().resolve()
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs (cached)
+
+
+def ensure_base_model(folder: Path) -> Path:
+    """The tiny LLaMA of the pipeline (built-in architecture, tokenizer and corpus), built once."""
+    from sparktune.base_model import (
+        TINY_CORPUS_SEED,
+        TINY_CORPUS_TEXTS,
+        TINY_MODEL_SEED,
+        build_tiny_base_model,
+    )
+    from sparktune.demo_data import demo_corpus
+
+    if (folder / "config.json").is_file():
+        return folder
+    print(f"building the tiny base model at {folder} ...", flush=True)
+    corpus = demo_corpus(TINY_CORPUS_TEXTS, TINY_CORPUS_SEED)
+    return build_tiny_base_model(folder, corpus, seed=TINY_MODEL_SEED, pretrain_steps=PRETRAIN_STEPS)
+
+
+def demo_rows(n: int) -> list[dict[str, str]]:
+    """``n`` demo tickets filtered as prepare_data does by default, in the default prompt template."""
+    from sparktune.demo_data import generate_support_tickets
+    from sparktune.params import MISTRAL_INSTRUCT_TEMPLATE
+    from sparktune.prepare import format_example
+
+    rows: list[dict[str, str]] = []
+    seen: set[str] = set()
+    start = 0
+    while len(rows) < n:
+        chunk = generate_support_tickets(4096, seed=DATA_SEED, start_row=start).to_pylist()
+        start += len(chunk)
+        for row in chunk:
+            text = " ".join((row["message"] or "").split())
+            label = row["intent_label"]
+            if label is None or row["quality_score"] < 0.85 or not 20 <= len(text) <= 2048 or text in seen:
+                continue
+            seen.add(text)
+            prompt, completion = format_example(MISTRAL_INSTRUCT_TEMPLATE, text, label)
+            rows.append({"text": text, "label": label, "prompt": prompt, "completion": completion})
+    return rows[:n]
+
+
+def ensure_dataset(folder: Path, n_train: int) -> Path:
+    """A DatasetDict (train, validation; prompt and completion columns) as materialize leaves it."""
+    from datasets import Dataset, DatasetDict
+
+    if (folder / "dataset_dict.json").is_file():
+        return folder
+    rows = demo_rows(n_train + VALIDATION_ROWS)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    DatasetDict(
+        {
+            "train": Dataset.from_list(rows[:n_train]),
+            "validation": Dataset.from_list(rows[n_train:]),
+        }
+    ).save_to_disk(str(tmp))
+    tmp.rename(folder)
+    return folder
+
+
+def token_lengths(model_dir: Path, data_dir: Path) -> dict[str, float]:
+    """Tokens of prompt + completion + eos over the train split, as the trainer tokenizes them."""
+    import statistics as st
+
+    from datasets import load_from_disk
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    train = load_from_disk(str(data_dir))["train"]
+    texts = [p + c for p, c in zip(train["prompt"], train["completion"], strict=True)]
+    lengths = sorted(len(ids) + 1 for ids in tokenizer(texts)["input_ids"])
+    return {
+        "min": lengths[0],
+        "median": st.median(lengths),
+        "mean": round(st.fmean(lengths), 1),
+        "p95": lengths[int(0.95 * (len(lengths) - 1))],
+        "max": lengths[-1],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Methods
+
+
+def bench_params(steps: int, batch_size: int, **overrides: Any) -> dict[str, Any]:
+    """The pipeline's default params with the benchmark's step count and batch size."""
+    from sparktune.params import default_params
+
+    params = default_params()
+    params.update(
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=1,
+        **overrides,
+    )
+    return params
+
+
+def run_project(method: str, model_dir: Path, data_dir: Path, work: Path, params: dict[str, Any]) -> dict:
+    """``sparktune.training.train`` as the DAG calls it, on a fresh output folder and MLflow store."""
+    from sparktune.training import TrainRequest, train
+
+    output_dir = work / "runs" / method
+    shutil.rmtree(output_dir, ignore_errors=True)  # no checkpoint to resume from
+    mlflow_dir = work / "mlflow"
+    request = TrainRequest(
+        dataset_path=str(data_dir),
+        base_model=str(model_dir),
+        output_dir=str(output_dir),
+        params=params,
+        mlflow_tracking_uri=f"sqlite:///{mlflow_dir / 'mlflow.db'}",
+        experiment_name="bench-train",
+        # A new key every time: a finished run of the same key would be reused, not trained.
+        train_key=f"bench-{method}-{uuid.uuid4().hex}",
+        run_name=method,
+        artifact_location=(mlflow_dir / "artifacts").resolve().as_uri(),
+    )
+    started = time.perf_counter()
+    result = train(request)
+    wall = time.perf_counter() - started
+    if result.reused:
+        raise RuntimeError("train() reused an earlier run instead of training")
+    return {
+        "real_tokens_per_s": result.tokens_per_second,
+        "padding_efficiency": result.padding_efficiency,
+        "steps": result.global_steps,
+        "seconds": result.train_seconds,
+        "real_tokens": round(result.tokens_per_second * result.train_seconds),
+        "wall_seconds_with_setup_and_logging": wall,
+    }
+
+
+def run_seed_recipe(model_dir: Path, data_dir: Path, work: Path, params: dict[str, Any]) -> dict:
+    """The baseline: every batch padded to 512 tokens, random batches, no MLflow, no checkpoints."""
+    import torch
+    from datasets import load_from_disk
+    from peft import LoraConfig
+    from sparktune.training import _make_trainer_classes
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
+    from trl import SFTConfig
+
+    set_seed(params["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    dataset = load_from_disk(str(data_dir))
+    modules = [m.strip() for m in params["lora_target_modules"].split(",") if m.strip()]
+    lora = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=params["lora_r"],
+        lora_alpha=params["lora_alpha"],
+        lora_dropout=params["lora_dropout"],
+        target_modules=modules,
+    )
+    output_dir = work / "runs" / "seed_recipe"
+    shutil.rmtree(output_dir, ignore_errors=True)
+    config = SFTConfig(
+        output_dir=str(output_dir),
+        completion_only_loss=True,
+        packing=False,
+        padding_free=False,
+        max_length=SEED_MAX_LENGTH,
+        pad_to_multiple_of=SEED_MAX_LENGTH,  # every batch is [batch, 512], as padding="max_length"
+        train_sampling_strategy="random",
+        learning_rate=params["learning_rate"],
+        max_steps=params["max_steps"],
+        per_device_train_batch_size=params["per_device_train_batch_size"],
+        gradient_accumulation_steps=params["gradient_accumulation_steps"],
+        warmup_steps=params["warmup_ratio"],
+        seed=params["seed"],
+        data_seed=params["seed"],
+        bf16=False,  # float32 on CPU, as the project trains there (TRL's config defaults to bf16)
+        fp16=False,
+        logging_strategy="steps",
+        logging_steps=max(1, params["max_steps"] // 100),
+        eval_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
+    trainer_cls, _ = _make_trainer_classes()
+    trainer = trainer_cls(
+        model=model,
+        args=config,
+        train_dataset=dataset["train"].select_columns(["prompt", "completion"]),
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
+    trainer.remove_callback(PrinterCallback)
+    started = time.perf_counter()
+    output = trainer.train()
+    seconds = time.perf_counter() - started
+    return {
+        "real_tokens_per_s": trainer.real_tokens / seconds,
+        "padding_efficiency": trainer.real_tokens / trainer.padded_tokens,
+        "steps": int(output.global_step),
+        "seconds": seconds,
+        "real_tokens": trainer.real_tokens,
+    }
+
+
+def packing_steps(steps: int, mean_tokens: float, max_length: int) -> int:
+    """Packed steps that carry about the real tokens of ``steps`` padded ones.
+
+    A packed row holds about ``max_length / mean_tokens`` examples, so at the same step count
+    packing would train on that many times more tokens (and take that much longer).
+    """
+    return max(2, round(steps * mean_tokens / max_length))
+
+
+def run_method(
+    method: str, model_dir: Path, data_dir: Path, work: Path, args: argparse.Namespace, steps: int
+) -> dict:
+    params = bench_params(steps, args.batch_size)
+    if method == "seed_recipe":
+        return run_seed_recipe(model_dir, data_dir, work, params)
+    if method == "project_packing":
+        params["packing"] = True
+    return run_project(method, model_dir, data_dir, work, params)
+
+
+def model_description(model_dir: Path) -> str:
+    from sparktune.params import default_params
+
+    config = json.loads((model_dir / "config.json").read_text())
+    params = default_params()
+    return (
+        f"LLaMA {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, vocab "
+        f"{config['vocab_size']}; LoRA r={params['lora_r']} alpha={params['lora_alpha']} on "
+        f"{params['lora_target_modules']}"
+    )
+
+
+def packing_available() -> bool:
+    from sparktune.params import SPECS_BY_NAME
+
+    return "packing" in SPECS_BY_NAME
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def summarise(method: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row per method: the median run by tokens/s (the run itself, so its numbers agree)."""
+    ordered = sorted(runs, key=lambda r: r["real_tokens_per_s"])
+    median = ordered[(len(ordered) - 1) // 2]
+    record: dict[str, Any] = {"method": method}
+    for key, value in median.items():
+        record[key] = (
+            round(value, 4 if key == "padding_efficiency" else 2) if isinstance(value, float) else value
+        )
+    if len(runs) > 1:
+        record["runs_real_tokens_per_s"] = [round(r["real_tokens_per_s"], 1) for r in runs]
+    return record
+
+
+def add_speedups(results: list[dict[str, Any]]) -> None:
+    seed = next((r for r in results if r["method"] == "seed_recipe" and r.get("real_tokens_per_s")), None)
+    for r in results:
+        if seed and r.get("real_tokens_per_s"):
+            r["speedup_vs_seed"] = round(r["real_tokens_per_s"] / seed["real_tokens_per_s"], 2)
+        else:
+            r["speedup_vs_seed"] = None
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    header = (
+        f"{'method':<16} {'real tokens/s':>13} {'padding eff.':>12} {'vs seed':>8} {'steps':>6} "
+        f"{'seconds':>8}  note"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        speedup = r.get("speedup_vs_seed")
+        print(
+            f"{r['method']:<16} {_num(r.get('real_tokens_per_s'), ',.0f'):>13} "
+            f"{_num(r.get('padding_efficiency'), '.3f'):>12} "
+            f"{(f'{speedup:.1f}x' if speedup else '-'):>8} {_num(r.get('steps'), 'd'):>6} "
+            f"{_num(r.get('seconds'), '.1f'):>8}  {r.get('note', '')}"
+        )
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def check_targets(results: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets for the project's default batching, each as met or MISSED."""
+    by = {r["method"]: r for r in results if r.get("real_tokens_per_s")}
+    project = by.get("project")
+    if not project:
+        return ["project: no measurement, targets not checked"]
+    lines = []
+    if project.get("speedup_vs_seed"):
+        speedup = project["speedup_vs_seed"]
+        lines.append(
+            f"project: {speedup:.1f}x the seed recipe's real tokens/s (target {TARGET_SPEEDUP:g}x): "
+            + ("met" if speedup >= TARGET_SPEEDUP else "MISSED")
+        )
+    efficiency = project["padding_efficiency"]
+    lines.append(
+        f"project: padding efficiency {efficiency:.3f} (target >= {TARGET_PADDING_EFFICIENCY}): "
+        + ("met" if efficiency >= TARGET_PADDING_EFFICIENCY else "MISSED")
+    )
+    packing = by.get("project_packing")
+    if packing and packing.get("speedup_vs_seed"):
+        lines.append(
+            f"project_packing (not a target, for comparison): {packing['speedup_vs_seed']:.1f}x the seed "
+            f"recipe, padding efficiency {packing['padding_efficiency']:.3f}"
+        )
+    return lines
+
+
+def quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from datasets.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_train", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=int(os.environ.get("BENCH_TRAIN_STEPS") or DEFAULT_STEPS),
+        help=f"optimizer steps per method (default: BENCH_TRAIN_STEPS or {DEFAULT_STEPS})",
+    )
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument(
+        "--packing-steps",
+        type=int,
+        default=0,
+        help="steps of project_packing (default 0: about the real tokens of --steps padded steps)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads for every method (default 1)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="alternate the methods this many times; report the median"
+    )
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS)
+    )
+    parser.add_argument("--out", default=None, help="JSON path (default SPARKTUNE_HOME/bench/train.json)")
+    args = parser.parse_args(argv)
+    if (
+        args.steps < 1
+        or args.batch_size < 1
+        or args.threads < 1
+        or args.repeats < 1
+        or args.packing_steps < 0
+    ):
+        parser.error("--steps, --batch-size, --threads and --repeats must be >= 1, --packing-steps >= 0")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        parser.error(f"unknown methods {unknown}; choose from {list(METHODS)}")
+
+    quiet_libraries()
+    import torch
+
+    # One thread: two spinning threads on a shared 2-core machine made tiny-model steps ~10x slower.
+    torch.set_num_threads(args.threads)
+    bench = settings_home() / "bench"
+    out = Path(args.out) if args.out else bench / "train.json"
+    work = bench / "train"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "mlflow", ignore_errors=True)  # throwaway: a fresh store every run
+    (work / "mlflow").mkdir()
+    model_dir = ensure_base_model(work / "base-model")
+    # One epoch of the train split is about the number of steps (packing wraps around it).
+    n_train = max(256, args.steps * args.batch_size)
+    data_dir = ensure_dataset(work / f"data-{n_train}", n_train)
+    lengths = token_lengths(model_dir, data_dir)
+    steps_of = {m: args.steps for m in methods}
+    if "project_packing" in steps_of:
+        max_length = bench_params(args.steps, args.batch_size)["max_length"]
+        steps_of["project_packing"] = args.packing_steps or packing_steps(
+            args.steps, lengths["mean"], max_length
+        )
+    print(
+        f"{n_train} train rows, tokens per example (prompt + label + eos): min {lengths['min']}, "
+        f"median {lengths['median']}, p95 {lengths['p95']}, max {lengths['max']}",
+        flush=True,
+    )
+
+    skipped: dict[str, str] = {}
+    if "project_packing" in methods and not packing_available():
+        skipped["project_packing"] = "skipped: this checkout has no packing param"
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    failures: dict[str, str] = {}
+    load = []
+    for repeat in range(args.repeats):
+        for method in methods:
+            if method in skipped or method in failures:
+                continue
+            print(f"  [{repeat + 1}/{args.repeats}] {method} ...", flush=True)
+            load_before = os.getloadavg()[0]
+            try:
+                outcome = run_method(method, model_dir, data_dir, work, args, steps_of[method])
+            except Exception as err:  # a method that fails is reported, the others still run
+                failures[method] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                print(f"    {failures[method]}", flush=True)
+                continue
+            outcome["load_avg_1m_before"] = load_before
+            load.append(load_before)
+            runs[method].append(outcome)
+            print(
+                f"    {outcome['real_tokens_per_s']:,.0f} real tokens/s, padding efficiency "
+                f"{outcome['padding_efficiency']:.3f}, {outcome['steps']} steps "
+                f"in {outcome['seconds']:.1f} s",
+                flush=True,
+            )
+
+    results = []
+    for method in methods:
+        if runs[method]:
+            results.append(summarise(method, runs[method]))
+        else:
+            note = skipped.get(method) or failures.get(method, "no run")
+            results.append(
+                {"method": method, "real_tokens_per_s": None, "padding_efficiency": None, "note": note}
+            )
+    add_speedups(results)
+    if "project_packing" in runs and runs["project_packing"] and runs.get("project"):
+        packed, plain = results[methods.index("project_packing")], results[methods.index("project")]
+        if abs(packed["padding_efficiency"] - plain["padding_efficiency"]) < 1e-9:
+            packed["note"] = "packing=true changed nothing in the batches"
+        elif steps_of["project_packing"] != args.steps:
+            packed["note"] = "fewer steps of packed rows: about the same real tokens"
+
+    print()
+    print_table(results)
+    targets = check_targets(results)
+    print()
+    for line in targets:
+        print(line)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "results": results,
+        "targets": targets,
+        "conditions": {
+            "steps": args.steps,
+            "project_packing_steps": steps_of.get("project_packing"),
+            "batch_size": args.batch_size,
+            "gradient_accumulation_steps": 1,
+            "torch_threads": args.threads,
+            "repeats": args.repeats,
+            "train_rows": n_train,
+            "tokens_per_example": lengths,
+            "seed_recipe": (
+                f"max_length={SEED_MAX_LENGTH}, pad_to_multiple_of={SEED_MAX_LENGTH}, random batches, "
+                "no checkpoints, no MLflow"
+            ),
+            "model": model_description(model_dir),
+            "base_model_pretrain_steps": PRETRAIN_STEPS,
+            "load_avg_1m_before_runs": [round(x, 2) for x in load],
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out.write_text(json.dumps(report, indent=2))
+    print(f"\nwrote {out}")
+    return 1 if any(m in failures for m in REQUIRED_METHODS) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
