@@ -300,7 +300,7 @@ def _pip_requirements() -> list[str]:
 # Inputs
 
 
-def _load_dataset(path: str) -> DatasetDict:
+def _load_dataset(path: str, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> DatasetDict:
     from datasets import DatasetDict, load_from_disk
 
     if not Path(path).exists():
@@ -323,7 +323,7 @@ def _load_dataset(path: str) -> DatasetDict:
         if split not in dataset:
             problems.append(f"split {split!r} is missing (found {sorted(dataset)})")
             continue
-        missing = [c for c in REQUIRED_COLUMNS if c not in dataset[split].column_names]
+        missing = [c for c in columns if c not in dataset[split].column_names]
         if missing:
             problems.append(f"split {split!r} lacks columns {missing}")
         elif len(dataset[split]) == 0:
@@ -459,11 +459,11 @@ def _split_modules(value: str) -> list[str] | str | None:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def _lora_config(params: PipelineParams) -> Any:
+def _lora_config(params: PipelineParams, task_type: str = "CAUSAL_LM") -> Any:
     from peft import LoraConfig
 
     return LoraConfig(
-        task_type="CAUSAL_LM",
+        task_type=task_type,
         r=params.lora_r,
         lora_alpha=params.lora_alpha,
         lora_dropout=params.lora_dropout,
@@ -698,7 +698,11 @@ def max_logit_difference(
     actual: PreTrainedModel,
     batch: dict[str, torch.Tensor],
 ) -> float:
-    """Largest absolute logit difference of two models on the non-padding positions of a batch."""
+    """Largest absolute logit difference of two models on the non-padding positions of a batch.
+
+    Token logits (batch, positions, vocab) are compared where the attention mask is set; sequence
+    classification logits (batch, labels) have no positions and are compared whole.
+    """
     import torch
 
     expected.eval()
@@ -708,6 +712,8 @@ def max_logit_difference(
         b = actual(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if a.shape != b.shape:
         return math.inf
+    if a.dim() == 2:
+        return float((a - b).abs().max())
     mask = batch["attention_mask"].bool()
     return float((a - b).abs()[mask].max())
 
@@ -846,16 +852,26 @@ def _write_result(output_dir: Path, result: TrainResult) -> None:
 
 def _training_splits(request: TrainRequest, params: PipelineParams) -> tuple[Any, Any, int]:
     """``(train, validation, train rows)``: memory-mapped splits, or a Parquet stream in streaming mode."""
+    columns = _task_columns(params)
     if params.dataset_mode == "streaming":
         from sparktune.streaming import open_streaming_splits
 
         try:
-            return open_streaming_splits(request.dataset_path, list(REQUIRED_COLUMNS), params.seed)
+            return open_streaming_splits(request.dataset_path, list(columns), params.seed)
         except FileNotFoundError as err:
             raise TrainingInputError(str(err)) from err
-    dataset = _load_dataset(request.dataset_path)
-    train_ds = dataset["train"].select_columns(list(REQUIRED_COLUMNS))
-    return train_ds, dataset["validation"].select_columns(list(REQUIRED_COLUMNS)), len(train_ds)
+    dataset = _load_dataset(request.dataset_path, columns)
+    train_ds = dataset["train"].select_columns(list(columns))
+    return train_ds, dataset["validation"].select_columns(list(columns)), len(train_ds)
+
+
+def _task_columns(params: PipelineParams) -> tuple[str, ...]:
+    """The dataset columns the task trains on: prompt/completion for SFT, text/label for a classifier."""
+    if params.task == "sequence_classification":
+        from sparktune.classification import CLASSIFICATION_COLUMNS
+
+        return CLASSIFICATION_COLUMNS
+    return REQUIRED_COLUMNS
 
 
 def _all_ranks_sum(*values: int) -> list[int]:
@@ -891,32 +907,50 @@ def _train_in_run(
     from transformers import PrinterCallback, set_seed
 
     main_process = run_id is not None
-    set_seed(params.seed)
-    tokenizer = _load_tokenizer(request.base_model)
-    model = _load_model(request.base_model, tokenizer, params.peft_method)
-    if params.packing:
-        check_packing_isolation(model, tokenizer)
-
+    classify = params.task == "sequence_classification"
     train_ds, val_ds, n_train = splits
     streaming = params.dataset_mode == "streaming"
+    set_seed(params.seed)
+    tokenizer = _load_tokenizer(request.base_model)
+    if classify:
+        from sparktune import classification
+
+        labels = classification.label_names(train_ds, val_ds, request.dataset_path, streaming)
+        # Saved with the tokenizer: evaluation and serving truncate texts as training did.
+        tokenizer.model_max_length = params.max_length
+        model = classification.load_classifier(request.base_model, tokenizer, params.peft_method, labels)
+    else:
+        model = _load_model(request.base_model, tokenizer, params.peft_method)
+        if params.packing:
+            check_packing_isolation(model, tokenizer)
+
     trainer_cls, callback_cls = _make_trainer_classes()
     step_logger = callback_cls()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    trainer = trainer_cls(
-        model=model,
-        args=_sft_config(
+    stream_shards = getattr(train_ds, "num_shards", 0) if streaming else 0
+    if classify:
+        trainer = classification.build_trainer(
+            model,
+            tokenizer,
             params,
             output_dir,
+            train_ds,
+            val_ds,
             n_train,
-            getattr(train_ds, "num_shards", 0) if streaming else 0,
+            stream_shards=stream_shards,
             world_size=world_size,
-        ),
-        train_dataset=train_ds,
-        eval_dataset=val_ds,
-        processing_class=tokenizer,
-        peft_config=_lora_config(params) if params.peft_method in ("lora", "qlora") else None,
-        callbacks=[step_logger],
-    )
+            callbacks=[step_logger],
+        )
+    else:
+        trainer = trainer_cls(
+            model=model,
+            args=_sft_config(params, output_dir, n_train, stream_shards, world_size=world_size),
+            train_dataset=train_ds,
+            eval_dataset=val_ds,
+            processing_class=tokenizer,
+            peft_config=_lora_config(params) if params.peft_method in ("lora", "qlora") else None,
+            callbacks=[step_logger],
+        )
     # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
     trainer.remove_callback(PrinterCallback)
     trainable, total = _count_params(trainer.model)
@@ -1020,17 +1054,19 @@ def _train_in_run(
         padding_efficiency,
     )
 
-    merged = _merge(trainer, params, request, output_dir)
+    merged = _merge(
+        trainer, params, request, output_dir, **(classification.model_kwargs(labels) if classify else {})
+    )
     merged.eval()
     mlflow.transformers.log_model(
         transformers_model={"model": merged, "tokenizer": tokenizer},
         name=MODEL_ARTIFACT,
-        task="text-generation",
+        task=classification.PIPELINE_TASK if classify else "text-generation",
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
     sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
-    texts = [row["prompt"] + row["completion"] for row in sample]
+    texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
     diff = verify_logged_model(model_uri, merged, tokenizer, texts)
     mlflow.log_metric("logged_model_max_logit_diff", diff)
     logger.info("Logged model %s reloads with max logit difference %.2g.", model_uri, diff)
@@ -1052,8 +1088,19 @@ def _train_in_run(
     )
 
 
-def _merge(trainer: Any, params: PipelineParams, request: TrainRequest, output_dir: Path) -> PreTrainedModel:
-    """The trained weights as a plain transformers model; the adapter goes to ``adapter/`` too."""
+def _merge(
+    trainer: Any,
+    params: PipelineParams,
+    request: TrainRequest,
+    output_dir: Path,
+    auto_class: Any = None,
+    **model_kwargs: Any,
+) -> PreTrainedModel:
+    """The trained weights as a plain transformers model; the adapter goes to ``adapter/`` too.
+
+    ``auto_class`` and ``model_kwargs`` load the 16-bit base a QLoRA adapter merges into, as
+    :func:`_load_model` loaded it (default: a causal LM).
+    """
     import mlflow
 
     model = trainer.model
@@ -1070,7 +1117,8 @@ def _merge(trainer: Any, params: PipelineParams, request: TrainRequest, output_d
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
-        base = AutoModelForCausalLM.from_pretrained(request.base_model, dtype=torch.bfloat16)
+        auto_class = auto_class or AutoModelForCausalLM
+        base = auto_class.from_pretrained(request.base_model, dtype=torch.bfloat16, **model_kwargs)
         base.config.pad_token_id = trainer.processing_class.pad_token_id
         return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     # Logging the PeftModel itself loses the base weights on load when the base is a local
