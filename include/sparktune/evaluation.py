@@ -1,9 +1,16 @@
-"""Evaluate a fine-tuned causal LM classifier on a frozen split of the materialized dataset.
+"""Evaluate a fine-tuned classifier on a frozen split of the materialized dataset.
 
-The model generates the label after the prompt (greedy, batched, left-padded) and a prediction
-counts when the generated text, stripped, equals the label string. The loss is the mean
-cross-entropy over the completion tokens (label and eos), tokenized exactly as TRL tokenized
-them for training, so it is comparable with the training run's ``val_loss`` per token.
+A causal LM (``task=causal_lm``) generates the label after the prompt (greedy, batched,
+left-padded) and a prediction counts when the generated text, stripped, equals the label
+string. The loss is the mean cross-entropy over the completion tokens (label and eos), tokenized
+exactly as TRL tokenized them for training, so it is comparable with the training run's
+``val_loss`` per token.
+
+A sequence classifier (``task=sequence_classification``, told apart by the loaded model's class)
+predicts the argmax of its head's logits over the text, mapped through ``config.id2label``; the
+loss is the mean cross-entropy of the true label, as the trainer's ``val_loss``.
+
+Both return the same :class:`EvalResult`, so the gate and the registry downstream do not care.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparktune.classification import CLASSIFICATION_COLUMNS, is_sequence_classifier
 from sparktune.training import configure_process_logging, using_tracking_uri
 
 if TYPE_CHECKING:
@@ -90,7 +98,12 @@ def metric_safe(label: str) -> str:
 def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer from an MLflow model URI, a saved MLflow model folder, or a Hugging Face folder."""
     import mlflow
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
     local = Path(model_uri).expanduser()
     if local.is_dir() and not (local / "MLmodel").exists():
@@ -99,7 +112,9 @@ def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenize
                 f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
                 "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
             )
-        return AutoModelForCausalLM.from_pretrained(str(local)), AutoTokenizer.from_pretrained(str(local))
+        config = AutoConfig.from_pretrained(str(local))
+        auto = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
+        return auto.from_pretrained(str(local)), AutoTokenizer.from_pretrained(str(local))
     if "://" not in model_uri and ":/" not in model_uri and not local.exists():
         raise EvaluationInputError(
             f"Model {model_uri!r} is neither an existing folder nor an MLflow URI "
@@ -109,7 +124,9 @@ def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenize
     return components["model"], components["tokenizer"]
 
 
-def _load_split(dataset_path: str, split: str, max_examples: int | None) -> Dataset:
+def _load_split(
+    dataset_path: str, split: str, max_examples: int | None, required: tuple[str, ...] = REQUIRED_COLUMNS
+) -> Dataset:
     from datasets import DatasetDict, load_from_disk
 
     from sparktune.streaming import is_prepared_parquet, read_split
@@ -131,12 +148,7 @@ def _load_split(dataset_path: str, split: str, max_examples: int | None) -> Data
                 f"Dataset {dataset_path!r} has no split {split!r}; it has {sorted(dataset)}."
             )
         dataset = dataset[split]
-    missing = [c for c in REQUIRED_COLUMNS if c not in dataset.column_names]
-    if missing:
-        raise EvaluationInputError(
-            f"Split {split!r} of {dataset_path!r} lacks columns {missing}; "
-            "rebuild it with the materialize step."
-        )
+    _require_columns(dataset, required, dataset_path, split)
     if max_examples is not None:
         dataset = dataset.select(range(min(max_examples, len(dataset))))
     if len(dataset) == 0:
@@ -144,12 +156,21 @@ def _load_split(dataset_path: str, split: str, max_examples: int | None) -> Data
     return dataset
 
 
+def _require_columns(dataset: Dataset, required: tuple[str, ...], dataset_path: str, split: str) -> None:
+    missing = [c for c in required if c not in dataset.column_names]
+    if missing:
+        raise EvaluationInputError(
+            f"Split {split!r} of {dataset_path!r} lacks columns {missing}; "
+            "rebuild it with the materialize step."
+        )
+
+
 def _label_strings(dataset: Dataset) -> tuple[list[str], list[str]]:
     """(label names in class order, the true label string of each example)."""
     from datasets import ClassLabel
 
     feature = dataset.features["label"]
-    completions = [c.strip() for c in dataset["completion"]]
+    completions = [c.strip() for c in dataset["completion"]] if "completion" in dataset.column_names else []
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
         truth = [names[i] for i in dataset["label"]]
@@ -245,6 +266,41 @@ def generate_labels(
         tokenizer.padding_side = previous_side
 
 
+def classify_texts(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    truth: list[str],
+    batch_size: int,
+) -> tuple[list[str], float, int]:
+    """A sequence classifier's labels for ``texts`` and its loss on the true labels.
+
+    Returns (the argmax label of each text through ``config.id2label``, summed cross-entropy of the
+    true labels the model knows, how many texts that sum covers). Texts are truncated at the
+    tokenizer's ``model_max_length``, which training sets to its ``max_length``.
+    """
+    import torch
+
+    id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
+    label2id = {name: i for i, name in id2label.items()}
+    predictions: list[str] = []
+    total, count = 0.0, 0
+    for begin in range(0, len(texts), batch_size):
+        batch = tokenizer(
+            texts[begin : begin + batch_size], return_tensors="pt", padding=True, truncation=True
+        )
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        predictions.extend(id2label[int(i)] for i in logits.argmax(-1))
+        targets = torch.tensor([label2id.get(t, -100) for t in truth[begin : begin + batch_size]])
+        scored = int((targets != -100).sum())
+        if scored:
+            total += float(
+                torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+            )
+            count += scored
+    return predictions, total, count
+
+
 def _max_label_tokens(tokenizer: PreTrainedTokenizerBase, names: list[str], completions: list[str]) -> int:
     candidates = set(completions) | {f" {name}" for name in names}
     return max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in candidates)
@@ -271,11 +327,19 @@ def evaluate_model(
     if batch_size < 1:
         raise EvaluationInputError(f"batch_size must be at least 1, got {batch_size}.")
     started = time.perf_counter()
-    dataset = _load_split(dataset_path, split, max_examples)
-    names, truth = _label_strings(dataset)
+    # The columns each kind of model needs are checked once the model tells its kind.
+    dataset = _load_split(dataset_path, split, max_examples, required=("label",))
     with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
         model, tokenizer = load_components(model_uri)
-    if tokenizer.eos_token is None:
+    classifier = is_sequence_classifier(model)
+    _require_columns(dataset, CLASSIFICATION_COLUMNS if classifier else REQUIRED_COLUMNS, dataset_path, split)
+    names, truth = _label_strings(dataset)
+    if tokenizer.pad_token is None and tokenizer.eos_token is None:
+        raise EvaluationInputError(
+            f"The tokenizer of {model_uri!r} has neither a pad nor an eos token; "
+            + ("batches cannot be padded." if classifier else "generation could not stop after the label.")
+        )
+    if tokenizer.eos_token is None and not classifier:
         raise EvaluationInputError(
             f"The tokenizer of {model_uri!r} has no eos token; generation could not stop after the label."
         )
@@ -283,15 +347,36 @@ def evaluate_model(
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
 
-    prompts = list(dataset["prompt"])
-    completions = list(dataset["completion"])
-    max_new_tokens = _max_label_tokens(tokenizer, names, completions) + 2
-    with torch.inference_mode():
-        loss_sum, loss_tokens = completion_loss(model, tokenizer, prompts, completions, batch_size)
-        predictions = generate_labels(model, tokenizer, prompts, max_new_tokens, batch_size)
+    known = set(names)
+    if classifier:
+        texts = list(dataset["text"])
+        with torch.inference_mode():
+            predictions, loss_sum, loss_tokens = classify_texts(model, tokenizer, texts, truth, batch_size)
+        # Every prediction is one of the head's labels: none is invalid, even one the split lacks.
+        known |= {str(name) for name in model.config.id2label.values()}
+        if loss_tokens == 0:
+            raise EvaluationInputError(
+                f"The classifier {model_uri!r} has labels {sorted(model.config.id2label.values())}, none of "
+                f"which is a label of split {split!r} ({names}); it was trained on other labels."
+            )
+        if loss_tokens < len(truth):
+            logger.warning(
+                "%d of %d %s examples have labels the classifier %s does not know; they count as errors "
+                "and are left out of the loss.",
+                len(truth) - loss_tokens,
+                len(truth),
+                split,
+                model_uri,
+            )
+    else:
+        prompts = list(dataset["prompt"])
+        completions = list(dataset["completion"])
+        max_new_tokens = _max_label_tokens(tokenizer, names, completions) + 2
+        with torch.inference_mode():
+            loss_sum, loss_tokens = completion_loss(model, tokenizer, prompts, completions, batch_size)
+            predictions = generate_labels(model, tokenizer, prompts, max_new_tokens, batch_size)
 
     eval_loss = loss_sum / max(loss_tokens, 1)
-    known = set(names)
     predicted = [p if p in known else INVALID_PREDICTION for p in predictions]
     correct = sum(p == t for p, t in zip(predicted, truth, strict=True))
     per_class = f1_score(truth, predicted, labels=names, average=None, zero_division=0)
