@@ -551,7 +551,41 @@ def _make_trainer_classes() -> tuple[type, type]:
     from trl import SFTTrainer
 
     class CountingSFTTrainer(TokenCountingMixin, SFTTrainer):
-        """An SFTTrainer that counts the tokens of its training batches."""
+        """An SFTTrainer that counts the tokens of its training batches and scores only the labels.
+
+        TRL 1.16 computes the training loss with its fused LM head over every position (prompt
+        and padding included) plus entropy and top-1 accuracy over the whole vocabulary: about 70%
+        of a step on a CPU for prompt-completion data whose completion is a few tokens. The
+        loss only needs the logits of the positions that predict a label token, which
+        transformers' ``logits_to_keep`` computes alone (2.8x faster here, the same loss).
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            import torch
+            import torch.nn.functional as F
+
+            labels = inputs.get("labels")
+            if return_outputs or labels is None or not model.training:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            targets = labels[:, 1:]
+            # Positions whose next token is a label in any row; a batch shares one index list.
+            keep = (targets != -100).any(dim=0).nonzero().squeeze(-1)
+            model_inputs = {k: v for k, v in inputs.items() if k != "labels"}
+            try:
+                outputs = model(**model_inputs, use_cache=False, logits_to_keep=keep)
+            except TypeError:  # a model without logits_to_keep: TRL's path
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            logits = outputs.logits.float()
+            kept = targets[:, keep]
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), kept.reshape(-1), ignore_index=-100, reduction="sum"
+            )
+            count = num_items_in_batch if num_items_in_batch is not None else (kept != -100).sum()
+            loss = loss / torch.as_tensor(count, device=loss.device).clamp(min=1)
+            # As Trainer.compute_loss: num_items_in_batch counts every rank's tokens and DDP averages.
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes
+            return loss
 
     class MlflowStepLogger(TrainerCallback):
         """Logs each logging step to the run this module opened (not one the MLflow callback opens)."""
