@@ -17,7 +17,8 @@ method, run one after the other in this one process (``--repeats`` alternates th
   others (``--packing-steps`` to choose).
 
 Real tokens are attention-mask sums and padded tokens mask sizes per training batch, counted by
-the project's ``CountingSFTTrainer`` for every method; the clock covers ``trainer.train()`` only
+the project's ``TokenCountingMixin`` for every method (the seed recipe keeps TRL's own loss, the
+project scores only the label positions); the clock covers ``trainer.train()`` only
 (not model load, tokenization, evaluation or model logging). The model is the project's tiny
 LLaMA architecture (2 layers, hidden 128, its byte-level BPE tokenizer on the demo corpus), with a
 short pre-training since weights do not change the speed; the data are demo support tickets,
@@ -199,9 +200,9 @@ def run_seed_recipe(model_dir: Path, data_dir: Path, work: Path, params: dict[st
     import torch
     from datasets import load_from_disk
     from peft import LoraConfig
-    from sparktune.training import _make_trainer_classes
+    from sparktune.training import TokenCountingMixin
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
-    from trl import SFTConfig
+    from trl import SFTConfig, SFTTrainer
 
     set_seed(params["seed"])
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -246,8 +247,12 @@ def run_seed_recipe(model_dir: Path, data_dir: Path, work: Path, params: dict[st
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
     )
-    trainer_cls, _ = _make_trainer_classes()
-    trainer = trainer_cls(
+
+    # The seed's trainer: TRL's own loss over every position; only the token counting is added.
+    class SeedRecipeTrainer(TokenCountingMixin, SFTTrainer):
+        pass
+
+    trainer = SeedRecipeTrainer(
         model=model,
         args=config,
         train_dataset=dataset["train"].select_columns(["prompt", "completion"]),

@@ -288,7 +288,8 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "boolean",
         False,
         "Pack several examples into each row (best-fit decreasing) with attention kept inside each "
-        "example through position ids; off: dynamic padding with length-grouped batches.",
+        "example through position ids; pays off with flash attention on a GPU, slower on a CPU. "
+        "Off: dynamic padding with length-grouped batches.",
         section="Training",
     ),
     ParamSpec(
