@@ -43,6 +43,7 @@ TRAIN_KEY_TAG = "sparktune.train_key"
 MODEL_URI_TAG = "sparktune.model_uri"
 MODEL_ARTIFACT = "model"
 ADAPTER_ARTIFACT = "adapter"
+ADAPTER_MODEL_ARTIFACT = "adapter_model"
 RESULT_ARTIFACT = "train_result.json"
 RESUMED_FROM_TAG = "sparktune.resumed_from_step"
 CODE_VERSION_TAG = "sparktune.code_version"
@@ -118,6 +119,8 @@ class TrainResult:
     global_steps: int
     reused: bool = False
     val_loss: float | None = None
+    # The adapter over its base, as a pyfunc model (LoRA and QLoRA runs); "" for full fine-tuning.
+    adapter_model_uri: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,14 +289,18 @@ def code_version() -> str:
 
 
 def _pip_requirements() -> list[str]:
-    requirements = []
-    for package in SERVING_PACKAGES:
+    return _package_pins(SERVING_PACKAGES)
+
+
+def _package_pins(packages: tuple[str, ...]) -> list[str]:
+    pins = []
+    for package in packages:
         try:
             # Drop local version labels (torch 2.13.0+cpu): an index cannot resolve them.
-            requirements.append(f"{package}=={version(package).split('+')[0]}")
+            pins.append(f"{package}=={version(package).split('+')[0]}")
         except PackageNotFoundError:
             continue
-    return requirements
+    return pins
 
 
 # --------------------------------------------------------------------------------------------
@@ -1088,9 +1095,18 @@ def _train_in_run(
         padding_efficiency,
     )
 
+    sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
+    texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
+    adapter_uri = ""
+    if params.peft_method != "full":
+        # Before merging: merge_and_unload folds the adapter into the base, in place.
+        adapter_uri = _log_adapter_model(
+            run_id, trainer, request, params, output_dir, texts, labels if classify else None
+        )
     merged = _merge(
         trainer, params, request, output_dir, **(classification.model_kwargs(labels) if classify else {})
     )
+    merged = _to_stored_dtype(merged, request.base_model)
     merged.eval()
     mlflow.transformers.log_model(
         transformers_model={"model": merged, "tokenizer": tokenizer},
@@ -1099,8 +1115,6 @@ def _train_in_run(
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
-    sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
-    texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
     diff = verify_logged_model(model_uri, merged, tokenizer, texts)
     mlflow.log_metric("logged_model_max_logit_diff", diff)
     logger.info("Logged model %s reloads with max logit difference %.2g.", model_uri, diff)
@@ -1119,7 +1133,86 @@ def _train_in_run(
         global_steps=global_steps,
         reused=False,
         val_loss=val_loss,
+        adapter_model_uri=adapter_uri,
     )
+
+
+def _log_adapter_model(
+    run_id: str,
+    trainer: Any,
+    request: TrainRequest,
+    params: PipelineParams,
+    output_dir: Path,
+    texts: list[str],
+    labels: list[str] | None,
+) -> str:
+    """Log the adapter as a pyfunc model over its base, load it back and compare it with the trained one.
+
+    Model-from-code (``sparktune/adapter_pyfunc.py``): ``mlflow.pyfunc.load_model`` serves it
+    wherever ``request.base_model`` (a hub id or a readable path) and peft are available.
+    """
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from sparktune import adapter_pyfunc
+
+    adapter_dir = output_dir / ADAPTER_ARTIFACT
+    trainer.model.save_pretrained(str(adapter_dir))
+    trainer.processing_class.save_pretrained(str(adapter_dir))
+    config: dict[str, Any] = {
+        "base_model": request.base_model,
+        "task": params.task,
+        # A QLoRA adapter is served over the 16-bit base (bitsandbytes is for training only).
+        "dtype": "bfloat16" if params.peft_method == "qlora" else "float32",
+    }
+    if labels is not None:
+        config["labels"] = list(labels)
+    mlflow.pyfunc.log_model(
+        name=ADAPTER_MODEL_ARTIFACT,
+        python_model=adapter_pyfunc.__file__,
+        artifacts={"adapter": str(adapter_dir)},
+        model_config=config,
+        signature=ModelSignature(
+            # One unnamed string column: a list of prompts, or a one-column DataFrame.
+            inputs=Schema([ColSpec("string")]),
+            outputs=Schema([ColSpec("string")]),
+            params=ParamSchema([ParamSpec("max_new_tokens", "long", 16)]),
+        ),
+        pip_requirements=[*_pip_requirements(), *_package_pins(("peft", "mlflow"))],
+    )
+    uri = f"runs:/{run_id}/{ADAPTER_MODEL_ARTIFACT}"
+    loaded = mlflow.pyfunc.load_model(uri).unwrap_python_model()
+    batch = _verification_batch(trainer.processing_class, texts)
+    diff = max_logit_difference(trainer.model, loaded.model, batch)
+    # QLoRA trained over the 4-bit base and is served over the 16-bit one: close, not equal.
+    tolerance = 5e-2 if params.peft_method == "qlora" else MAX_LOGIT_DIFF
+    if not diff <= tolerance:
+        raise ModelVerificationError(
+            f"The adapter model logged at {uri} does not reproduce the trained model: max logit "
+            f"difference {diff:.3g} > {tolerance:g}; the run is marked FAILED."
+        )
+    mlflow.log_metric("adapter_model_max_logit_diff", diff)
+    logger.info("Logged adapter model %s reloads with max logit difference %.2g.", uri, diff)
+    return uri
+
+
+def _to_stored_dtype(model: PreTrainedModel, base_model: str) -> PreTrainedModel:
+    """The merged model in the dtype its base is stored in: 16-bit for hub LLMs, not a 2x float32 copy."""
+    import torch
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(base_model)
+    except (OSError, ValueError):
+        return model
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(stored, str):
+        stored = getattr(torch, stored, None)
+    if stored in (torch.bfloat16, torch.float16) and model.dtype != stored:
+        logger.info("Casting the merged model to the base's stored dtype %s.", stored)
+        return model.to(stored)
+    return model
 
 
 def _merge(

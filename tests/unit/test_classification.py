@@ -250,3 +250,18 @@ def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
     assert list(model.config.id2label.values()) == sorted(tiny_model.LABELS)
     evaluated = evaluate_model(result.model_uri, str(prepared), tracking_uri=tiny_model.tracking_uri(root))
     assert evaluated.n_examples == 48 and evaluated.n_invalid == 0
+
+
+def test_the_classification_adapter_serves_label_names_as_a_pyfunc(root, lora_run, full_run):
+    import mlflow
+    from sparktune.training import using_tracking_uri
+
+    assert full_run.adapter_model_uri == ""
+    with using_tracking_uri(tiny_model.tracking_uri(root)):
+        served = mlflow.pyfunc.load_model(lora_run.adapter_model_uri)
+        rows = tiny_model.make_rows(8, 9)
+        answers = served.predict([row["text"] for row in rows])
+        merged = _load(root, lora_run.model_uri, return_type="pipeline")
+    assert set(answers) <= set(tiny_model.LABELS)
+    # The adapter over its base and the merged model are the same weights: the same answers.
+    assert answers == [a["label"] for a in merged([row["text"] for row in rows])]

@@ -227,3 +227,34 @@ def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
     params = client.get_run(result.mlflow_run_id).data.params
     assert params["dataset_mode"] == "streaming" and params["n_train"] == "256"
     assert params["n_validation"] == "48"
+
+
+def test_the_adapter_is_a_pyfunc_model_that_serves_over_its_base(root, lora_run, full_run, client):
+    import mlflow
+
+    assert lora_run.adapter_model_uri == f"runs:/{lora_run.mlflow_run_id}/adapter_model"
+    metrics = client.get_run(lora_run.mlflow_run_id).data.metrics
+    assert metrics["adapter_model_max_logit_diff"] < 1e-4
+    # Loaded the way a user would, with nothing but MLflow: the model's code travels with it.
+    with mlflow_tracking(tiny_model.tracking_uri(root)):
+        served = mlflow.pyfunc.load_model(lora_run.adapter_model_uri)
+        prompts = [row["prompt"] for row in _validation_rows(root, 8)]
+        answers = served.predict(prompts, params={"max_new_tokens": 4})
+    assert [t.name for t in served.metadata.get_input_schema().input_types()] == ["string"]
+    assert len(answers) == 8 and all(isinstance(a, str) for a in answers)
+    # The trained adapter answers with the labels it learned.
+    labels = [row["completion"].strip() for row in _validation_rows(root, 8)]
+    assert sum(bool(a) and a.split()[0] == label for a, label in zip(answers, labels, strict=True)) >= 4
+    assert full_run.adapter_model_uri == ""  # full fine-tuning has no adapter
+
+
+def _validation_rows(root, n):
+    from datasets import load_from_disk
+
+    return load_from_disk(str(root / "data"))["validation"].select(range(n))
+
+
+def mlflow_tracking(uri):
+    from sparktune.training import using_tracking_uri
+
+    return using_tracking_uri(uri)
