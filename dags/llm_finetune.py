@@ -79,6 +79,9 @@ with DAG(
         dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
         base_model=_xcom("resolve_base_model"),
         data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+        # train_backend=databricks waits in the triggerer, not in a worker slot; local and spark
+        # training run in the task's own process whatever this says.
+        deferrable=True,
     )
 
     register = RegisterModelOperator(
