@@ -226,7 +226,7 @@ def test_sync_path_submits_once_and_returns_the_mlflow_result(api, sync_run):
 # -- 4. a retry reattaches instead of submitting a second run
 
 
-def test_retry_gets_the_same_run_and_result_back(api, sync_run, workspace):
+def test_a_retry_after_success_reuses_the_run_without_submitting(api, sync_run, workspace):
     first, context, result, _ = sync_run
     key = train_key(first, context)
     (run,) = runs_of(api, key)
@@ -235,9 +235,11 @@ def test_retry_gets_the_same_run_and_result_back(api, sync_run, workspace):
     retry = make_operator(workspace, "train")
     again = retry.execute(context_for("train"))
 
-    assert again["mlflow_run_id"] == result["mlflow_run_id"]
-    assert retry.databricks_run_id == run.run_id
-    assert submitted_tokens(api, key) == [key, key]
+    assert again["mlflow_run_id"] == result["mlflow_run_id"] and again["reused"]
+    # The finished MLflow run of the key answers the retry: nothing is submitted again. (A retry
+    # while the run is live gets it back through the idempotency token: see the deferral test.)
+    assert retry.databricks_run_id is None
+    assert submitted_tokens(api, key) == [key]
     (same,) = runs_of(api, key)  # one run, one process, ever
     assert same.pid == pid
 
