@@ -24,6 +24,10 @@ class ChampionChangedError(RuntimeError):
     """The champion moved after the gate compared against it; promoting now would skip that comparison."""
 
 
+class RollbackError(ValueError):
+    """A rollback that cannot be done as asked; trying again changes nothing (deterministic)."""
+
+
 @dataclass(frozen=True)
 class AliasMove:
     model_name: str
@@ -34,6 +38,7 @@ class AliasMove:
     reason: str
     at: str
     changed: bool
+    kind: str = "move"  # "rollback" for rollback_champion; recorded in the audit trail
 
     def to_summary(self) -> dict:
         return asdict(self)
@@ -79,6 +84,7 @@ def move_alias(
     reason: str,
     check_current: bool = False,
     expected_current: str | None = None,
+    kind: str = "move",
 ) -> AliasMove:
     """Point ``alias`` at ``version`` and write the move to the audit trail.
 
@@ -92,7 +98,9 @@ def move_alias(
             f"{expected_current}; another run promoted in between. Re-run evaluation against the new {alias}."
         )
     at = datetime.now(UTC).isoformat(timespec="seconds")
-    move = AliasMove(model_name, alias, current, str(version), actor, reason, at, current != str(version))
+    move = AliasMove(
+        model_name, alias, current, str(version), actor, reason, at, current != str(version), kind
+    )
     if not move.changed:
         log.info("%s@%s already points at version %s: nothing to do", model_name, alias, version)
         return move
@@ -119,6 +127,7 @@ def _audit(client: MlflowClient, move: AliasMove) -> None:
             "sparktune.audit.actor": move.actor,
             "sparktune.audit.reason": move.reason[:4000],
             "sparktune.audit.at": move.at,
+            "sparktune.audit.kind": move.kind,
         },
     )
     client.log_text(run.info.run_id, json.dumps(move.to_summary(), indent=2), "alias_move.json")
@@ -138,3 +147,118 @@ def audit_log(client: MlflowClient, model_name: str) -> list[dict[str, str]]:
     )
     prefix = "sparktune.audit."
     return [{k[len(prefix) :]: v for k, v in r.data.tags.items() if k.startswith(prefix)} for r in runs]
+
+
+def rollback_champion(
+    client: MlflowClient, model_name: str, to_version: str | None = None, *, actor: str, reason: str
+) -> AliasMove:
+    """Point ``champion`` back at ``to_version`` (default: the ``previous_champion`` alias).
+
+    The move goes through :func:`move_alias`, so it writes one audit record (actor, time, from, to,
+    reason) and sets ``previous_champion`` to the version that was champion: rolling back twice
+    with the default target toggles between the two versions; pass ``to_version`` to go further back.
+
+    The same ``actor`` asking again (an Airflow retry of the same DAG run and task) gets back the
+    move it already made, with ``changed=False``, instead of toggling the champion back.
+    Raises :class:`RollbackError` (deterministic: no champion, no previous champion, unknown
+    version, target already champion) and :class:`ChampionChangedError` if another run moved
+    ``champion`` while this one was validating.
+    """
+    requested = (to_version or "").strip() or None
+    champion = alias_version(client, model_name, CHAMPION)
+    if champion is None:
+        raise RollbackError(_no_champion_message(client, model_name))
+    done = _move_already_made(client, model_name, champion, requested, actor)
+    if done is not None:
+        log.info(
+            "%s already rolled %s@%s back to version %s: nothing to do", actor, model_name, CHAMPION, champion
+        )
+        return done
+    if requested is None:
+        target = alias_version(client, model_name, PREVIOUS_CHAMPION)
+        if target is None:
+            raise RollbackError(
+                f"{model_name} has no {PREVIOUS_CHAMPION} alias, so there is nothing to roll back to "
+                f"(champion is version {champion}). Pass to_version with one of the versions: "
+                f"{_versions_text(client, model_name)}."
+            )
+    else:
+        target = requested
+        if not target.isdigit() or not _version_exists(client, model_name, target):
+            raise RollbackError(
+                f"{model_name} has no version {target!r}. Pass to_version as one of the versions: "
+                f"{_versions_text(client, model_name)}, or leave it empty for {PREVIOUS_CHAMPION}."
+            )
+    if target == champion:
+        raise RollbackError(
+            f"version {target} of {model_name} is already {CHAMPION}: a rollback would change nothing. "
+            f"Pass to_version with another version ({_versions_text(client, model_name)})."
+        )
+    try:
+        return move_alias(
+            client,
+            model_name,
+            CHAMPION,
+            target,
+            actor=actor,
+            reason=reason,
+            check_current=True,
+            expected_current=champion,
+            kind="rollback",
+        )
+    except ChampionChangedError as exc:
+        raise ChampionChangedError(
+            f"{model_name}@{CHAMPION} moved away from version {champion} while this rollback ran "
+            f"(another run promoted); nothing was rolled back. Check `make models` and trigger the "
+            f"rollback again if it is still needed."
+        ) from exc
+
+
+def _move_already_made(
+    client: MlflowClient, model_name: str, champion: str, requested: str | None, actor: str
+) -> AliasMove | None:
+    """The last champion move if it was a rollback by ``actor`` that still holds and matches ``requested``."""
+    moves = [m for m in audit_log(client, model_name) if m.get("alias") == CHAMPION]
+    if not moves:
+        return None
+    last = moves[-1]
+    if last.get("kind") != "rollback" or last.get("actor") != actor or last.get("to_version") != champion:
+        return None
+    if requested is not None and requested != champion:
+        return None
+    return AliasMove(
+        model_name,
+        CHAMPION,
+        last.get("from_version") or None,
+        champion,
+        actor,
+        last.get("reason", ""),
+        last.get("at", ""),
+        changed=False,
+        kind="rollback",
+    )
+
+
+def _version_numbers(client: MlflowClient, model_name: str) -> list[int]:
+    return sorted(int(v.version) for v in client.search_model_versions(f"name = '{model_name}'"))
+
+
+def _versions_text(client: MlflowClient, model_name: str) -> str:
+    return ", ".join(str(v) for v in _version_numbers(client, model_name)) or "(none)"
+
+
+def _version_exists(client: MlflowClient, model_name: str, version: str) -> bool:
+    return int(version) in _version_numbers(client, model_name)
+
+
+def _no_champion_message(client: MlflowClient, model_name: str) -> str:
+    if not _version_numbers(client, model_name):
+        names = sorted(m.name for m in client.search_registered_models(max_results=1000))
+        return (
+            f"there is no registered model {model_name!r}; check model_name "
+            f"(registered models: {', '.join(names) or 'none yet, run llm_finetune first'})."
+        )
+    return (
+        f"{model_name} has no {CHAMPION}, so there is nothing to roll back from. Promote a version "
+        f"first (run llm_finetune), then roll back."
+    )

@@ -17,6 +17,7 @@ from sparktune_airflow.operators import (
     TrainModelOperator,
     ValidateParamsOperator,
 )
+from sparktune_airflow.registry_operators import RollbackChampionOperator
 
 __all__ = [
     "EvaluateModelOperator",
@@ -26,6 +27,7 @@ __all__ = [
     "PromotionGateOperator",
     "RegisterModelOperator",
     "ResolveBaseModelOperator",
+    "RollbackChampionOperator",
     "SparkQualityGateOperator",
     "TrainModelOperator",
     "ValidateParamsOperator",

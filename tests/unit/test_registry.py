@@ -9,10 +9,12 @@ from sparktune.registry import (
     CHAMPION,
     PREVIOUS_CHAMPION,
     ChampionChangedError,
+    RollbackError,
     alias_version,
     audit_log,
     move_alias,
     register_run_model,
+    rollback_champion,
 )
 
 
@@ -99,3 +101,88 @@ def test_promotion_stops_when_champion_moved_in_between(client, model):
             client, model, CHAMPION, v3, actor="t", reason="r", check_current=True, expected_current=v1
         )
     assert alias_version(client, model, CHAMPION) == v2
+
+
+def _three_versions_v3_champion(client: MlflowClient, model: str) -> tuple[str, str, str]:
+    versions = tuple(register_run_model(client, model, _run_with_model(client), {}) for _ in range(3))
+    for version in versions:
+        move_alias(client, model, CHAMPION, version, actor="pipeline", reason=f"promote v{version}")
+    return versions
+
+
+def test_rollback_restores_the_previous_champion_and_is_audited(client, model):
+    v1, v2, v3 = _three_versions_v3_champion(client, model)
+    move = rollback_champion(
+        client, model, None, actor="airflow:rb/run1/rollback", reason="v3 misroutes refunds"
+    )
+    assert move.changed and (move.from_version, move.to_version, move.kind) == (v3, v2, "rollback")
+    assert alias_version(client, model, CHAMPION) == v2
+    assert alias_version(client, model, PREVIOUS_CHAMPION) == v3
+    champion_moves = [e for e in audit_log(client, model) if e["alias"] == CHAMPION]
+    assert len(champion_moves) == 4  # three promotions, one rollback: one record per move
+    last = champion_moves[-1]
+    assert (last["from_version"], last["to_version"], last["kind"]) == (v3, v2, "rollback")
+    assert (last["actor"], last["reason"]) == ("airflow:rb/run1/rollback", "v3 misroutes refunds")
+    assert last["at"]
+
+
+def test_retry_of_the_same_rollback_changes_nothing(client, model):
+    _, v2, v3 = _three_versions_v3_champion(client, model)
+    rollback_champion(client, model, "", actor="airflow:rb/run1/rollback", reason="r")
+    # Same DAG run and task (an Airflow retry after the move succeeded): no toggle back, no record.
+    again = rollback_champion(client, model, "", actor="airflow:rb/run1/rollback", reason="r")
+    assert not again.changed and again.to_version == v2 and again.from_version == v3
+    assert alias_version(client, model, CHAMPION) == v2
+    assert len([e for e in audit_log(client, model) if e.get("kind") == "rollback"]) == 1
+
+
+def test_rolling_back_twice_toggles_and_to_version_goes_further_back(client, model):
+    v1, v2, v3 = _three_versions_v3_champion(client, model)
+    rollback_champion(client, model, None, actor="airflow:rb/run1/rollback", reason="first")
+    rollback_champion(client, model, None, actor="airflow:rb/run2/rollback", reason="second")
+    assert (alias_version(client, model, CHAMPION), alias_version(client, model, PREVIOUS_CHAMPION)) == (
+        v3,
+        v2,
+    )
+    move = rollback_champion(client, model, f" {v1} ", actor="airflow:rb/run3/rollback", reason="to v1")
+    assert (move.from_version, move.to_version) == (v3, v1)
+    assert (alias_version(client, model, CHAMPION), alias_version(client, model, PREVIOUS_CHAMPION)) == (
+        v1,
+        v3,
+    )
+
+
+def test_rollback_refuses_what_it_cannot_do_with_the_fix(client, model):
+    with pytest.raises(RollbackError, match=r"no registered model .*check model_name"):
+        rollback_champion(client, model, None, actor="t", reason="r")
+    v1 = register_run_model(client, model, _run_with_model(client), {})
+    with pytest.raises(RollbackError, match="has no champion.*Promote a version first"):
+        rollback_champion(client, model, None, actor="t", reason="r")
+    move_alias(client, model, CHAMPION, v1, actor="t", reason="first")
+    with pytest.raises(
+        RollbackError, match="no previous_champion alias.*Pass to_version with one of the versions: 1"
+    ):
+        rollback_champion(client, model, None, actor="t", reason="r")
+    for bad in ("7", "v1", "latest"):
+        with pytest.raises(RollbackError, match=f"has no version '{bad}'.*versions: 1, or leave it empty"):
+            rollback_champion(client, model, bad, actor="t", reason="r")
+    with pytest.raises(RollbackError, match="version 1 .* is already champion"):
+        rollback_champion(client, model, v1, actor="t", reason="r")
+    assert alias_version(client, model, CHAMPION) == v1
+    assert [e["reason"] for e in audit_log(client, model)] == ["first"]  # no failed attempt recorded
+
+
+def test_rollback_stops_when_a_promotion_lands_while_it_runs(client, model, monkeypatch):
+    import sparktune.registry as registry
+
+    v1, v2, v3 = _three_versions_v3_champion(client, model)
+    v4 = register_run_model(client, model, _run_with_model(client), {})
+
+    def promotion_lands(*args, **kwargs):  # between reading the champion and moving it
+        move_alias(client, model, CHAMPION, v4, actor="another run", reason="promoted")
+
+    monkeypatch.setattr(registry, "_move_already_made", promotion_lands)
+    with pytest.raises(ChampionChangedError, match=f"moved away from version {v3} .*nothing was rolled back"):
+        rollback_champion(client, model, v1, actor="airflow:rb/run1/rollback", reason="r")
+    assert alias_version(client, model, CHAMPION) == v4
+    assert alias_version(client, model, PREVIOUS_CHAMPION) == v3

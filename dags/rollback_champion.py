@@ -1,0 +1,69 @@
+"""
+### rollback_champion
+
+Moves the MLflow alias `champion` of a registered model back to an earlier version, by hand.
+
+- `to_version` empty: back to the `previous_champion` alias (the version that was champion
+  before the last move). Rolling back twice with it empty toggles between the two versions;
+  name a version to go further back.
+- The version that was champion becomes `previous_champion`.
+- The move is written to the audit log (MLflow experiment `sparktune-registry-audit`) with this
+  DAG run as the actor, the time, from and to versions and your `reason`; `make models` prints it.
+- An impossible request (no champion, no previous champion, unknown version, version already
+  champion) fails at once, without retries, and says what to pass instead.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param
+from sparktune.config import DEFAULT_MODEL_NAME
+from sparktune_airflow import RollbackChampionOperator
+
+with DAG(
+    dag_id="rollback_champion",
+    description="Move the champion alias back to the previous champion (or a named version), audited",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["mlflow", "registry", "rollback"],
+    params={
+        "model_name": Param(
+            DEFAULT_MODEL_NAME,
+            type="string",
+            minLength=1,
+            title="model_name",
+            description="Registered model name in MLflow whose champion to roll back.",
+        ),
+        "to_version": Param(
+            "",
+            type="string",
+            pattern=r"^\s*[0-9]*\s*$",
+            title="to_version",
+            description="Version number to make champion. Empty: the version the previous_champion "
+            "alias points at.",
+        ),
+        "reason": Param(
+            "",
+            type="string",
+            title="reason",
+            description="Why you roll back; recorded in the audit log. Empty: 'rollback requested by' "
+            "this DAG run.",
+        ),
+    },
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(seconds=30),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=10),
+    },
+    doc_md=__doc__,
+) as dag:
+    RollbackChampionOperator(
+        task_id="rollback_champion",
+        model_name="{{ params.model_name }}",
+        to_version="{{ params.to_version }}",
+        reason="{{ params.reason }}",
+    )
