@@ -11,11 +11,12 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train
+.PHONY: help venv demo run models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
+	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
@@ -41,6 +42,10 @@ demo: venv
 run: venv
 	$(PY) -m sparktune_airflow.embedded run --dag $(DAG) --conf '$(CONF)'
 	@if [ "$(DAG)" = "llm_finetune" ]; then $(PY) -m sparktune.report; fi
+
+# Read-only: prints what the registry in SPARKTUNE_HOME (or MLFLOW_TRACKING_URI) holds.
+models: venv
+	$(PY) -m sparktune.models_report --model-name '$(MODEL)'
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
