@@ -11,6 +11,13 @@ predicts the argmax of its head's logits over the text, mapped through ``config.
 loss is the mean cross-entropy of the true label, as the trainer's ``val_loss``.
 
 Both return the same :class:`EvalResult`, so the gate and the registry downstream do not care.
+
+The result keeps every example's outcome (true and predicted class index, completion loss and
+token count), so the 95% confidence intervals are a percentile bootstrap over test examples
+(1,000 resamples with a fixed seed: the same seed and split give the challenger and the champion
+the same resamples). The loss interval resamples whole examples and recomputes the per-token
+mean, as the point estimate is computed. :func:`confusion_matrix_figure` draws the confusion
+matrix as a PNG.
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
 
 from sparktune.classification import CLASSIFICATION_COLUMNS, is_sequence_classifier
 from sparktune.training import configure_process_logging, using_tracking_uri
@@ -38,6 +49,11 @@ logger = logging.getLogger("sparktune.evaluation")
 
 INVALID_PREDICTION = "<invalid>"
 REQUIRED_COLUMNS = ("prompt", "completion", "label")
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+# Metrics that get a confidence interval, in the order they are logged.
+CI_METRICS = ("eval_accuracy", "eval_macro_f1", "eval_loss")
 
 
 class EvaluationInputError(ValueError):
@@ -61,15 +77,30 @@ class EvalResult:
     labels: list[str] = field(default_factory=list)
     # A few generations that matched no label, to see why (no eos learned, a misspelt label...).
     invalid_samples: list[str] = field(default_factory=list)
+    # metric -> [low, high]: percentile bootstrap interval at ``ci_level`` over ``ci_resamples``.
+    ci: dict[str, list[float]] = field(default_factory=dict)
+    ci_level: float = CONFIDENCE
+    ci_resamples: int = 0
+    # Per example, in split order: indices into ``classes`` (``labels`` first, then predicted
+    # classes that are no label of the split: a classifier's other classes, "<invalid>"), the
+    # summed completion loss and how many tokens it covers (0: left out of the loss).
+    classes: list[str] = field(default_factory=list)
+    y_true: list[int] = field(default_factory=list)
+    y_pred: list[int] = field(default_factory=list)
+    example_loss: list[float] = field(default_factory=list)
+    example_tokens: list[int] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
-        """Flat metric names for MLflow and the gate."""
+        """Flat metric names for MLflow and the gate; small (no per-example values)."""
         out = {
             "eval_loss": self.eval_loss,
             "eval_perplexity": self.perplexity,
             "eval_accuracy": self.eval_accuracy,
             "eval_macro_f1": self.eval_macro_f1,
         }
+        for name, (low, high) in self.ci.items():
+            out[f"{name}_ci_low"] = float(low)
+            out[f"{name}_ci_high"] = float(high)
         for label, value in self.per_class_f1.items():
             out[f"eval_f1_{metric_safe(label)}"] = value
         return out
@@ -89,6 +120,208 @@ class EvalResult:
 def metric_safe(label: str) -> str:
     """A label as MLflow accepts it in a metric name (alphanumerics, _ - . / and space)."""
     return re.sub(r"[^0-9A-Za-z_\-./ ]", "_", label)
+
+
+# --------------------------------------------------------------------------------------------
+# Bootstrap confidence intervals
+
+# A statistic maps a (resamples, n) matrix of example indices to one value per resample.
+Statistic = Callable[[npt.NDArray[np.integer]], npt.NDArray[np.float64]]
+
+
+def accuracy_statistic(y_true: npt.ArrayLike, y_pred: npt.ArrayLike) -> Statistic:
+    """Share of correct predictions in each resample."""
+    correct = np.asarray(y_true) == np.asarray(y_pred)
+    return lambda idx: correct[idx].mean(axis=1)
+
+
+def macro_f1_statistic(y_true: npt.ArrayLike, y_pred: npt.ArrayLike, n_labels: int) -> Statistic:
+    """Macro F1 over classes ``0..n_labels-1`` in each resample, as sklearn's
+    ``f1_score(labels=range(n_labels), average="macro", zero_division=0)`` computes it:
+    a prediction of a class outside that range (``<invalid>``) is a miss for the true class and a
+    false positive for none; a class neither present nor predicted in a resample scores 0."""
+    truth = np.asarray(y_true, dtype=np.int64)
+    predicted = np.minimum(np.asarray(y_pred, dtype=np.int64), n_labels)  # one column for "no label"
+    width = n_labels + 1
+    cells = n_labels * width
+    # One gather and one bincount per chunk: each resample's whole confusion matrix at once.
+    code = (truth * width + predicted).astype(np.int32)
+
+    # Resamples per bincount, so that their confusion matrices stay small with many classes.
+    step = max(1, 4_000_000 // cells)
+
+    def statistic(idx: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
+        return np.concatenate([_macro_f1_of(idx[begin : begin + step]) for begin in range(0, len(idx), step)])
+
+    def _macro_f1_of(idx: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
+        rows = idx.shape[0]
+        offsets = (np.arange(rows, dtype=np.int64) * cells)[:, None]
+        confusion = np.bincount((code[idx] + offsets).ravel(), minlength=rows * cells)
+        confusion = confusion.reshape(rows, n_labels, width)
+        tp = np.einsum("bii->bi", confusion[:, :, :n_labels])
+        denominator = confusion.sum(axis=2) + confusion[:, :, :n_labels].sum(axis=1)  # 2 TP + FP + FN
+        f1 = np.divide(2.0 * tp, denominator, out=np.zeros((rows, n_labels)), where=denominator > 0)
+        return f1.mean(axis=1)
+
+    return statistic
+
+
+def ratio_statistic(numerator: npt.ArrayLike, denominator: npt.ArrayLike) -> Statistic:
+    """sum(numerator) / sum(denominator) over each resample (a per-token mean loss); NaN if 0."""
+    num = np.asarray(numerator, dtype=np.float64)
+    den = np.asarray(denominator, dtype=np.float64)
+
+    def statistic(idx: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
+        totals = den[idx].sum(axis=1)
+        return np.divide(num[idx].sum(axis=1), totals, out=np.full(len(totals), np.nan), where=totals > 0)
+
+    return statistic
+
+
+def bootstrap_cis(
+    statistics: Mapping[str, Statistic],
+    n: int,
+    *,
+    n_resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+    max_chunk_elements: int = 4_000_000,
+) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals of several statistics of ``n`` examples, on shared resamples.
+
+    Each resample draws ``n`` example indices with replacement (``numpy.random.default_rng(seed)``,
+    so the same seed and ``n`` give the same resamples); resamples are drawn in chunks of at most
+    ``max_chunk_elements`` indices, so memory stays bounded for large splits. A statistic that is
+    NaN in every resample gets no interval.
+    """
+    if n < 1:
+        raise ValueError(f"bootstrap needs at least one example, got n={n}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    rng = np.random.default_rng(seed)
+    chunk = max(1, max_chunk_elements // n)
+    index_type = np.int32 if n < 2**31 else np.int64
+    values: dict[str, list[npt.NDArray[np.float64]]] = {name: [] for name in statistics}
+    for begin in range(0, n_resamples, chunk):
+        idx = rng.integers(0, n, size=(min(chunk, n_resamples - begin), n), dtype=index_type)
+        for name, statistic in statistics.items():
+            values[name].append(statistic(idx))
+    tail = (1.0 - confidence) / 2.0
+    out: dict[str, tuple[float, float]] = {}
+    for name, parts in values.items():
+        samples = np.concatenate(parts)
+        samples = samples[~np.isnan(samples)]
+        if samples.size:
+            low, high = np.quantile(samples, [tail, 1.0 - tail])
+            out[name] = (float(low), float(high))
+    return out
+
+
+def bootstrap_ci(
+    statistic: Statistic,
+    n: int,
+    *,
+    n_resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of one statistic of ``n`` examples (see :func:`bootstrap_cis`)."""
+    cis = bootstrap_cis({"value": statistic}, n, n_resamples=n_resamples, confidence=confidence, seed=seed)
+    if "value" not in cis:
+        raise ValueError("the statistic is undefined (NaN) in every resample")
+    return cis["value"]
+
+
+def classification_cis(
+    y_true: npt.ArrayLike,
+    y_pred: npt.ArrayLike,
+    n_labels: int,
+    example_loss: npt.ArrayLike | None = None,
+    example_tokens: npt.ArrayLike | None = None,
+    *,
+    n_resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, tuple[float, float]]:
+    """Intervals of ``eval_accuracy``, ``eval_macro_f1`` and (given per-example losses and token
+    counts) ``eval_loss``, all from the same resamples of the examples."""
+    statistics: dict[str, Statistic] = {
+        "eval_accuracy": accuracy_statistic(y_true, y_pred),
+        "eval_macro_f1": macro_f1_statistic(y_true, y_pred, n_labels),
+    }
+    if example_loss is not None and example_tokens is not None:
+        statistics["eval_loss"] = ratio_statistic(example_loss, example_tokens)
+    return bootstrap_cis(
+        statistics, len(np.asarray(y_true)), n_resamples=n_resamples, confidence=confidence, seed=seed
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Confusion matrix image
+
+
+def confusion_columns(result: EvalResult) -> list[str]:
+    """Prediction columns: the labels, then other predicted classes, then ``<invalid>`` if any."""
+    predicted = {p for row in result.confusion.values() for p, count in row.items() if count}
+    labels = list(result.labels) or sorted(result.confusion)
+    others = sorted(predicted - set(labels) - {INVALID_PREDICTION})
+    return labels + others + ([INVALID_PREDICTION] if INVALID_PREDICTION in predicted else [])
+
+
+def confusion_matrix_figure(result: EvalResult, path: str | Path, *, title: str | None = None) -> Path:
+    """Write the confusion matrix of ``result`` as a PNG at ``path`` and return the path.
+
+    True labels are rows, predictions columns (``<invalid>`` last when a generation matched no
+    label); cells show counts and are shaded by the share of their row, so rare classes read as
+    well as frequent ones. Drawn with matplotlib's Agg canvas (no display, no pyplot state).
+    """
+    from matplotlib.figure import Figure
+
+    rows = list(result.labels) or sorted(result.confusion)
+    columns = confusion_columns(result)
+    counts = np.array(
+        [[result.confusion.get(t, {}).get(p, 0) for p in columns] for t in rows], dtype=np.int64
+    ).reshape(len(rows), len(columns))
+    totals = counts.sum(axis=1, keepdims=True)
+    shares = np.divide(counts, totals, out=np.zeros(counts.shape), where=totals > 0)
+
+    size = max(len(rows), len(columns))
+    fontsize = 10 if size <= 10 else 8 if size <= 25 else 6
+    figure = Figure(
+        figsize=(min(4.0 + 0.55 * len(columns), 40.0), min(3.0 + 0.45 * len(rows), 40.0)),
+        dpi=100,
+        layout="constrained",
+    )
+    axes = figure.add_subplot()
+    image = axes.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    figure.colorbar(image, ax=axes, label="share of the true label", shrink=0.8)
+    axes.set_xticks(range(len(columns)), columns, rotation=45, ha="right", fontsize=fontsize)
+    axes.set_yticks(range(len(rows)), rows, fontsize=fontsize)
+    axes.set_xlabel("predicted label")
+    axes.set_ylabel("true label")
+    for i in range(len(rows)):
+        for j in range(len(columns)):
+            if counts[i, j] or size <= 30:
+                color = "white" if shares[i, j] > 0.5 else "black"
+                axes.text(j, i, str(counts[i, j]), ha="center", va="center", color=color, fontsize=fontsize)
+    if title is None:
+        accuracy = f"accuracy {result.eval_accuracy:.3f}"
+        if "eval_accuracy" in result.ci:
+            low, high = result.ci["eval_accuracy"]
+            accuracy += f" [{low:.3f}, {high:.3f}]"
+        title = (
+            f"{result.model_uri or 'model'}\n{result.split or 'split'} n={result.n_examples}, {accuracy}, "
+            f"macro F1 {result.eval_macro_f1:.3f}"
+        )
+    axes.set_title(title, fontsize=fontsize + 1)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    figure.savefig(partial, format="png")
+    partial.replace(target)
+    return target
 
 
 # --------------------------------------------------------------------------------------------
@@ -204,11 +437,12 @@ def completion_loss(
     prompts: list[str],
     completions: list[str],
     batch_size: int,
-) -> tuple[float, int]:
-    """(summed cross-entropy over completion tokens, number of those tokens)."""
+) -> tuple[list[float], list[int]]:
+    """Per example: (summed cross-entropy over its completion tokens, number of those tokens)."""
     import torch
 
-    total, count = 0.0, 0
+    losses: list[float] = []
+    counts: list[int] = []
     pad_id = tokenizer.pad_token_id
     for begin in range(0, len(prompts), batch_size):
         rows = [
@@ -226,11 +460,13 @@ def completion_loss(
             attention[i, : len(ids)] = 1
             labels[i, start : len(ids)] = torch.tensor(ids[start:])
         logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-        shifted_logits = logits[:, :-1].reshape(-1, logits.size(-1))
-        shifted_labels = labels[:, 1:].reshape(-1)
-        total += float(torch.nn.functional.cross_entropy(shifted_logits, shifted_labels, reduction="sum"))
-        count += int((shifted_labels != -100).sum())
-    return total, count
+        shifted_labels = labels[:, 1:]
+        token_losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.size(-1)), shifted_labels.reshape(-1), reduction="none"
+        ).view(shifted_labels.shape)  # 0 where the label is -100
+        losses.extend(token_losses.sum(dim=1).tolist())
+        counts.extend((shifted_labels != -100).sum(dim=1).tolist())
+    return losses, counts
 
 
 def generate_labels(
@@ -272,19 +508,20 @@ def classify_texts(
     texts: list[str],
     truth: list[str],
     batch_size: int,
-) -> tuple[list[str], float, int]:
+) -> tuple[list[str], list[float], list[int]]:
     """A sequence classifier's labels for ``texts`` and its loss on the true labels.
 
-    Returns (the argmax label of each text through ``config.id2label``, summed cross-entropy of the
-    true labels the model knows, how many texts that sum covers). Texts are truncated at the
-    tokenizer's ``model_max_length``, which training sets to its ``max_length``.
+    Returns, per text: the argmax label through ``config.id2label``, the cross-entropy of the true
+    label, and 1 if the model knows that label (else 0, with a loss of 0). Texts are truncated at
+    the tokenizer's ``model_max_length``, which training sets to its ``max_length``.
     """
     import torch
 
     id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
     label2id = {name: i for i, name in id2label.items()}
     predictions: list[str] = []
-    total, count = 0.0, 0
+    losses: list[float] = []
+    counts: list[int] = []
     for begin in range(0, len(texts), batch_size):
         batch = tokenizer(
             texts[begin : begin + batch_size], return_tensors="pt", padding=True, truncation=True
@@ -292,13 +529,11 @@ def classify_texts(
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
         predictions.extend(id2label[int(i)] for i in logits.argmax(-1))
         targets = torch.tensor([label2id.get(t, -100) for t in truth[begin : begin + batch_size]])
-        scored = int((targets != -100).sum())
-        if scored:
-            total += float(
-                torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
-            )
-            count += scored
-    return predictions, total, count
+        losses.extend(
+            torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="none").tolist()
+        )
+        counts.extend((targets != -100).long().tolist())
+    return predictions, losses, counts
 
 
 def _max_label_tokens(tokenizer: PreTrainedTokenizerBase, names: list[str], completions: list[str]) -> int:
@@ -314,18 +549,23 @@ def evaluate_model(
     batch_size: int = 32,
     max_examples: int | None = None,
     tracking_uri: str | None = None,
+    bootstrap_resamples: int = BOOTSTRAP_RESAMPLES,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> EvalResult:
-    """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1.
+    """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1,
+    with 95% bootstrap intervals of accuracy, macro F1 and loss.
 
     ``model_uri`` is an MLflow model URI (``models:/name/3``, ``models:/name@champion``,
     ``runs:/<id>/model``) or a local folder; ``tracking_uri`` sets where ``models:/`` and ``runs:/``
-    resolve (default: ``MLFLOW_TRACKING_URI``).
+    resolve (default: ``MLFLOW_TRACKING_URI``). ``bootstrap_resamples=0`` skips the intervals.
     """
     import torch
     from sklearn.metrics import f1_score
 
     if batch_size < 1:
         raise EvaluationInputError(f"batch_size must be at least 1, got {batch_size}.")
+    if bootstrap_resamples < 0:
+        raise EvaluationInputError(f"bootstrap_resamples must be 0 or more, got {bootstrap_resamples}.")
     started = time.perf_counter()
     # The columns each kind of model needs are checked once the model tells its kind.
     dataset = _load_split(dataset_path, split, max_examples, required=("label",))
@@ -351,7 +591,10 @@ def evaluate_model(
     if classifier:
         texts = list(dataset["text"])
         with torch.inference_mode():
-            predictions, loss_sum, loss_tokens = classify_texts(model, tokenizer, texts, truth, batch_size)
+            predictions, example_loss, example_tokens = classify_texts(
+                model, tokenizer, texts, truth, batch_size
+            )
+        loss_tokens = sum(example_tokens)
         # Every prediction is one of the head's labels: none is invalid, even one the split lacks.
         known |= {str(name) for name in model.config.id2label.values()}
         if loss_tokens == 0:
@@ -373,10 +616,10 @@ def evaluate_model(
         completions = list(dataset["completion"])
         max_new_tokens = _max_label_tokens(tokenizer, names, completions) + 2
         with torch.inference_mode():
-            loss_sum, loss_tokens = completion_loss(model, tokenizer, prompts, completions, batch_size)
+            example_loss, example_tokens = completion_loss(model, tokenizer, prompts, completions, batch_size)
             predictions = generate_labels(model, tokenizer, prompts, max_new_tokens, batch_size)
 
-    eval_loss = loss_sum / max(loss_tokens, 1)
+    eval_loss = math.fsum(example_loss) / max(sum(example_tokens), 1)
     predicted = [p if p in known else INVALID_PREDICTION for p in predictions]
     correct = sum(p == t for p, t in zip(predicted, truth, strict=True))
     per_class = f1_score(truth, predicted, labels=names, average=None, zero_division=0)
@@ -385,6 +628,23 @@ def evaluate_model(
     for t, p in zip(truth, predicted, strict=True):
         row = confusion.setdefault(t, {})
         row[p] = row.get(p, 0) + 1
+    others = sorted(set(predicted) - set(names) - {INVALID_PREDICTION})
+    classes = names + others + ([INVALID_PREDICTION] if INVALID_PREDICTION in predicted else [])
+    index = {name: i for i, name in enumerate(classes)}
+    y_true = [index[t] for t in truth]
+    y_pred = [index[p] for p in predicted]
+    ci: dict[str, list[float]] = {}
+    if bootstrap_resamples:
+        intervals = classification_cis(
+            y_true,
+            y_pred,
+            len(names),
+            example_loss,
+            example_tokens,
+            n_resamples=bootstrap_resamples,
+            seed=bootstrap_seed,
+        )
+        ci = {name: list(intervals[name]) for name in CI_METRICS if name in intervals}
 
     result = EvalResult(
         eval_loss=eval_loss,
@@ -402,19 +662,38 @@ def evaluate_model(
         invalid_samples=[
             raw for raw, p in zip(predictions, predicted, strict=True) if p == INVALID_PREDICTION
         ][:5],
+        ci=ci,
+        ci_level=CONFIDENCE,
+        ci_resamples=bootstrap_resamples,
+        classes=classes,
+        y_true=y_true,
+        y_pred=y_pred,
+        example_loss=[float(v) for v in example_loss],
+        example_tokens=[int(v) for v in example_tokens],
     )
     logger.info(
-        "Evaluated %s on %d %s examples in %.1f s: loss %.4f, accuracy %.4f, macro F1 %.4f, %d invalid.",
+        "Evaluated %s on %d %s examples in %.1f s: loss %.4f%s, accuracy %.4f%s, macro F1 %.4f%s, "
+        "%d invalid.",
         model_uri,
         result.n_examples,
         split,
         result.seconds,
         result.eval_loss,
+        _ci_text(result, "eval_loss"),
         result.eval_accuracy,
+        _ci_text(result, "eval_accuracy"),
         result.eval_macro_f1,
+        _ci_text(result, "eval_macro_f1"),
         result.n_invalid,
     )
     return result
+
+
+def _ci_text(result: EvalResult, name: str) -> str:
+    if name not in result.ci:
+        return ""
+    low, high = result.ci[name]
+    return f" [{low:.4f}, {high:.4f}]"
 
 
 # --------------------------------------------------------------------------------------------
@@ -438,6 +717,18 @@ def main(argv: list[str] | None = None) -> int:
         "--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI)."
     )
     parser.add_argument("--output", required=True, help="Where to write the result JSON.")
+    parser.add_argument(
+        "--confusion-matrix",
+        default=None,
+        help="Where to write the confusion matrix PNG (default: <output stem>_confusion.png beside it).",
+    )
+    parser.add_argument(
+        "--bootstrap-resamples",
+        type=int,
+        default=BOOTSTRAP_RESAMPLES,
+        help="Resamples of the test examples for the 95%% confidence intervals (0: none).",
+    )
+    parser.add_argument("--bootstrap-seed", type=int, default=BOOTSTRAP_SEED)
     args = parser.parse_args(argv)
     try:
         result = evaluate_model(
@@ -447,6 +738,8 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             max_examples=args.max_examples,
             tracking_uri=args.tracking_uri,
+            bootstrap_resamples=args.bootstrap_resamples,
+            bootstrap_seed=args.bootstrap_seed,
         )
     except EvaluationInputError as err:
         logger.error("%s", err)
@@ -457,6 +750,12 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(result.to_json())
+    figure = Path(args.confusion_matrix or output.with_name(f"{output.stem}_confusion.png"))
+    try:
+        confusion_matrix_figure(result, figure)
+    except Exception:
+        # The metrics decide the gate; a picture that failed to draw must not hold them back.
+        logger.exception("Could not draw the confusion matrix %s", figure)
     print(
         f"sparktune.evaluation model={args.model_uri} split={args.split} n={result.n_examples} "
         f"loss={result.eval_loss:.4f} accuracy={result.eval_accuracy:.4f} "

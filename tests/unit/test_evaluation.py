@@ -151,3 +151,160 @@ def test_metric_names_are_safe_for_mlflow():
         seconds=0.1,
     )
     assert "eval_f1_card/lost _ stolen" in result.metrics()
+
+
+# --------------------------------------------------------------------------------------------
+# Confidence intervals and the confusion matrix image
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_all_correct_gives_a_degenerate_interval_at_one():
+    from sparktune.evaluation import accuracy_statistic, bootstrap_ci, classification_cis, macro_f1_statistic
+
+    labels = [0, 1, 2, 3] * 25
+    assert bootstrap_ci(accuracy_statistic(labels, labels), 100) == (1.0, 1.0)
+    assert bootstrap_ci(macro_f1_statistic(labels, labels, 4), 100) == (1.0, 1.0)
+    cis = classification_cis(labels, labels, 4, [0.5] * 100, [2] * 100)
+    assert cis == {"eval_accuracy": (1.0, 1.0), "eval_macro_f1": (1.0, 1.0), "eval_loss": (0.25, 0.25)}
+
+
+def test_a_fair_coin_gives_the_binomial_interval():
+    import numpy as np
+    from sparktune.evaluation import accuracy_statistic, bootstrap_ci
+
+    n = 4000
+    correct = np.random.default_rng(7).random(n) < 0.5
+    truth = np.ones(n, dtype=int)
+    low, high = bootstrap_ci(accuracy_statistic(truth, correct.astype(int)), n)
+    point = correct.mean()
+    half_width = 1.96 * math.sqrt(point * (1 - point) / n)  # normal approximation: about 0.0155
+    assert low < point < high
+    assert (high - low) / 2 == pytest.approx(half_width, rel=0.15)
+    assert (low + high) / 2 == pytest.approx(point, abs=0.005)
+    # A fixed seed: the same interval again; another seed: (slightly) another one.
+    assert bootstrap_ci(accuracy_statistic(truth, correct.astype(int)), n) == (low, high)
+    assert bootstrap_ci(accuracy_statistic(truth, correct.astype(int)), n, seed=1) != (low, high)
+
+
+def test_resampled_macro_f1_is_sklearns_with_invalid_predictions():
+    import numpy as np
+    from sklearn.metrics import f1_score
+    from sparktune.evaluation import macro_f1_statistic
+
+    rng = np.random.default_rng(3)
+    truth = rng.integers(0, 5, 200)
+    # 5 labels; index 5 is a class outside the labels (an "<invalid>" generation).
+    predicted = np.where(rng.random(200) < 0.6, truth, rng.integers(0, 6, 200))
+    idx = np.vstack([np.arange(200), rng.integers(0, 200, (3, 200))])
+    expected = [
+        f1_score(truth[i], predicted[i], labels=range(5), average="macro", zero_division=0) for i in idx
+    ]
+    assert macro_f1_statistic(truth, predicted, 5)(idx) == pytest.approx(expected)
+
+
+def test_the_loss_interval_resamples_examples_for_the_per_token_mean():
+    import numpy as np
+    from sparktune.evaluation import bootstrap_cis, ratio_statistic
+
+    # Two examples: 1 token of loss 1.0, 3 tokens of total loss 9.0; resamples of both, one or the other.
+    statistic = ratio_statistic([1.0, 9.0], [1, 3])
+    assert statistic(np.array([[0, 1], [0, 0], [1, 1]])) == pytest.approx([2.5, 1.0, 3.0])
+    assert bootstrap_cis({"loss": statistic}, 2)["loss"] == pytest.approx((1.0, 3.0))
+    assert bootstrap_cis({"nothing": ratio_statistic([0.0], [0])}, 1) == {}  # undefined: no interval
+    with pytest.raises(ValueError, match="at least one example"):
+        bootstrap_cis({"loss": statistic}, 0)
+
+
+def test_bootstrap_costs_well_under_a_second_for_thousands_of_examples():
+    import time
+
+    import numpy as np
+    from sparktune.evaluation import classification_cis
+
+    rng = np.random.default_rng(0)
+    n = 5000
+    truth = rng.integers(0, 8, n)
+    predicted = np.where(rng.random(n) < 0.8, truth, rng.integers(0, 9, n))
+    started = time.perf_counter()
+    cis = classification_cis(truth, predicted, 8, rng.random(n), rng.integers(1, 4, n))
+    # ~0.1 s measured on the shared 2-core machine; generous against load.
+    assert time.perf_counter() - started < 2.0
+    assert set(cis) == {"eval_accuracy", "eval_macro_f1", "eval_loss"}
+
+
+def test_intervals_bracket_the_point_estimates(test_result):
+    assert test_result.ci_resamples == 1000 and test_result.ci_level == 0.95
+    assert set(test_result.ci) == {"eval_accuracy", "eval_macro_f1", "eval_loss"}
+    for name, (low, high) in test_result.ci.items():
+        assert low <= getattr(test_result, name) <= high, name
+        assert low < high, name  # 48 examples, not all correct at loss 0: some spread
+    metrics = test_result.metrics()
+    assert metrics["eval_accuracy_ci_low"] == test_result.ci["eval_accuracy"][0]
+    assert metrics["eval_macro_f1_ci_high"] == test_result.ci["eval_macro_f1"][1]
+    assert {"eval_loss_ci_low", "eval_loss_ci_high"} <= set(metrics)
+    # 48 examples: the interval is wide (binomial half-width ~0.07 at 0.94), not a rounding error.
+    assert test_result.ci["eval_accuracy"][1] - test_result.ci["eval_accuracy"][0] > 0.03
+
+
+def test_per_example_outcomes_reproduce_the_metrics(test_result):
+    from sparktune.evaluation import EvalResult
+
+    n = test_result.n_examples
+    assert len(test_result.y_true) == len(test_result.y_pred) == len(test_result.example_loss) == n
+    assert test_result.classes[: len(test_result.labels)] == test_result.labels
+    correct = sum(t == p for t, p in zip(test_result.y_true, test_result.y_pred, strict=True))
+    assert correct / n == test_result.eval_accuracy
+    assert sum(test_result.example_loss) / sum(test_result.example_tokens) == pytest.approx(
+        test_result.eval_loss
+    )
+    assert all(tokens == 2 for tokens in test_result.example_tokens)  # label and eos
+    # The JSON round-trips, per-example lists included.
+    assert EvalResult.from_dict(json.loads(test_result.to_json())) == test_result
+
+
+def test_confusion_matrix_png(test_result, tmp_path):
+    from sparktune.evaluation import confusion_matrix_figure
+
+    path = confusion_matrix_figure(test_result, tmp_path / "figures" / "confusion.png")
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+    assert [p.name for p in path.parent.iterdir()] == ["confusion.png"]  # no partial file left
+
+
+def test_confusion_columns_end_with_invalid(tmp_path):
+    from sparktune.evaluation import EvalResult, confusion_columns, confusion_matrix_figure
+
+    result = EvalResult(
+        eval_loss=1.0,
+        perplexity=math.e,
+        eval_accuracy=0.5,
+        eval_macro_f1=0.4,
+        per_class_f1={"a": 0.5, "b": 0.3},
+        n_examples=6,
+        confusion={"a": {"a": 2, "<invalid>": 1}, "b": {"c": 1, "b": 1, "a": 1}},
+        seconds=0.1,
+        labels=["a", "b"],
+    )
+    assert confusion_columns(result) == ["a", "b", "c", "<invalid>"]
+    data = confusion_matrix_figure(result, tmp_path / "small.png", title="t").read_bytes()
+    assert data[:8] == PNG_MAGIC
+
+
+def test_cli_writes_the_confusion_matrix_beside_the_result(root, full_run, tmp_path):
+    from sparktune.evaluation import main
+
+    output = tmp_path / "eval_challenger.json"
+    args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "8"]
+    args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(output)]
+    assert main([*args, "--bootstrap-resamples", "200"]) == 0
+    assert (tmp_path / "eval_challenger_confusion.png").read_bytes()[:8] == PNG_MAGIC
+    written = json.loads(output.read_text())
+    assert written["ci_resamples"] == 200
+    assert {"eval_accuracy_ci_low", "eval_accuracy_ci_high"} <= set(written["metrics"])
+
+    chosen = tmp_path / "elsewhere" / "matrix.png"
+    assert main([*args, "--confusion-matrix", str(chosen), "--bootstrap-resamples", "0"]) == 0
+    assert chosen.read_bytes()[:8] == PNG_MAGIC
+    written = json.loads(output.read_text())
+    assert written["ci"] == {} and "eval_accuracy_ci_low" not in written["metrics"]
