@@ -654,8 +654,11 @@ class EvaluateModelOperator(BaseOperator):
         self.dataset_uri = dataset_uri
         self.run_id = run_id
 
-    def _evaluate(self, model_uri: str, work: Path, label: str) -> dict[str, float]:
+    def _evaluate(self, model_uri: str, work: Path, label: str) -> tuple[dict[str, float], list[Path]]:
+        """Flat metrics (with the 95% bootstrap intervals) and the files for the run's ``evaluation/``
+        folder: the result JSON (per-example outcomes included) and the confusion matrix PNG."""
         output = work / f"eval_{label}.json"
+        figure = work / ("confusion_matrix.png" if label == "challenger" else f"{label}_confusion_matrix.png")
         result = SubprocessHook().run_command(
             [
                 sys.executable,
@@ -669,6 +672,8 @@ class EvaluateModelOperator(BaseOperator):
                 "test",
                 "--output",
                 str(output),
+                "--confusion-matrix",
+                str(figure),
             ],
             env=dict(os.environ),
         )
@@ -676,18 +681,21 @@ class EvaluateModelOperator(BaseOperator):
             raise AirflowException(
                 f"evaluating {model_uri} exited with code {result.exit_code}: {result.output}"
             )
-        return json.loads(output.read_text())["metrics"]
+        return json.loads(output.read_text())["metrics"], [output, figure]
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import CHAMPION, alias_version
 
         client = _mlflow_client()
         work = _run_dir(context)
-        challenger = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
+        challenger, files = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
         champion_version = alias_version(client, self.model_name, CHAMPION)
         champion = None
         if champion_version is not None and champion_version != str(self.version):
-            champion = self._evaluate(f"models:/{self.model_name}/{champion_version}", work, "champion")
+            champion, champion_files = self._evaluate(
+                f"models:/{self.model_name}/{champion_version}", work, "champion"
+            )
+            files += champion_files
         for name, value in challenger.items():
             client.log_metric(self.run_id, name, value)
             self.log.info("challenger v%s %-22s %.4f", self.version, name, value)
@@ -699,6 +707,12 @@ class EvaluateModelOperator(BaseOperator):
                 client.set_model_version_tag(
                     self.model_name, str(self.version), name, f"{challenger[name]:.6f}"
                 )
+        for path in files:
+            if path.is_file():
+                client.log_artifact(self.run_id, str(path), "evaluation")
+            else:  # the CLI logged why; the metrics still decide the gate
+                self.log.warning("evaluation left no %s to log", path.name)
+        # XCom: the flat metrics and intervals only; per-example outcomes stay in the logged JSON.
         return {
             "model_name": self.model_name,
             "challenger_version": str(self.version),

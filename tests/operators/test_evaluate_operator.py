@@ -1,0 +1,165 @@
+"""EvaluateModelOperator: what it logs to the challenger's MLflow run and what it returns.
+
+The evaluation subprocess is replaced by a fake that writes what ``python -m sparktune.evaluation``
+writes (the result JSON and, through the real drawing code, the confusion matrix PNG), so the test
+needs no trained model; the CLI itself is tested in tests/unit/test_evaluation.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+LABELS = ["billing", "login"]
+
+
+@dataclass
+class FakeTaskInstance:
+    dag_id: str = "llm_finetune"
+    run_id: str = "manual__2026-11-23"
+    task_id: str = "evaluate"
+    try_number: int = 1
+
+
+def _result(model_uri: str, n: int = 200):
+    import numpy as np
+    from sparktune.evaluation import INVALID_PREDICTION, EvalResult, classification_cis, macro_f1_statistic
+
+    classes = [*LABELS, INVALID_PREDICTION]
+    y_true = [i % 2 for i in range(n)]
+    # The champion is right 3 times in 4, the challenger 9 times in 10; a few invalid generations.
+    every = 4 if "/1" in model_uri else 10
+    y_pred = [(t + 1) % 2 if i % every == 0 else t for i, t in enumerate(y_true)]
+    y_pred[1] = 2
+    confusion: dict[str, dict[str, int]] = {}
+    for t, p in zip(y_true, y_pred, strict=True):
+        row = confusion.setdefault(classes[t], {})
+        row[classes[p]] = row.get(classes[p], 0) + 1
+    cis = classification_cis(y_true, y_pred, 2, [0.4] * n, [2] * n)
+    return EvalResult(
+        eval_loss=0.2,
+        perplexity=math.exp(0.2),
+        eval_accuracy=sum(t == p for t, p in zip(y_true, y_pred, strict=True)) / n,
+        eval_macro_f1=float(macro_f1_statistic(y_true, y_pred, 2)(np.arange(n)[None])[0]),
+        per_class_f1=dict.fromkeys(LABELS, 0.8),
+        n_examples=n,
+        confusion=confusion,
+        seconds=1.0,
+        model_uri=model_uri,
+        split="test",
+        n_invalid=1,
+        labels=LABELS,
+        ci={name: list(ci) for name, ci in cis.items()},
+        ci_resamples=1000,
+        classes=classes,
+        y_true=y_true,
+        y_pred=y_pred,
+        example_loss=[0.4] * n,
+        example_tokens=[2] * n,
+    )
+
+
+class FakeSubprocessHook:
+    commands: list[list[str]] = []
+
+    def run_command(self, command, env=None):
+        from sparktune.evaluation import confusion_matrix_figure
+
+        FakeSubprocessHook.commands.append(command)
+        args = dict(zip(command[3::2], command[4::2], strict=True))
+        result = _result(args["--model-uri"])
+        Path(args["--output"]).write_text(result.to_json())
+        confusion_matrix_figure(result, args["--confusion-matrix"])
+        return SimpleNamespace(exit_code=0, output="sparktune.evaluation ok")
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    from sparktune_airflow import operators
+
+    monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr(operators, "SubprocessHook", FakeSubprocessHook)
+    FakeSubprocessHook.commands = []
+    client = operators._mlflow_client()
+    experiment = client.create_experiment("sparktune-eval-op", artifact_location=str(tmp_path / "artifacts"))
+    runs = [client.create_run(experiment).info.run_id for _ in range(2)]
+    client.create_registered_model("eval-op")
+    for run_id in runs:
+        client.create_model_version("eval-op", source=str(tmp_path / "model"), run_id=run_id)
+    return SimpleNamespace(client=client, runs=runs)
+
+
+def _operator(registry, version: str):
+    from sparktune_airflow.operators import EvaluateModelOperator
+
+    return EvaluateModelOperator(
+        task_id="evaluate",
+        model_name="eval-op",
+        version=version,
+        dataset_uri="/datasets/fp1",
+        run_id=registry.runs[int(version) - 1],
+    )
+
+
+def _artifacts(client, run_id: str) -> dict[str, int]:
+    return {a.path: a.file_size for a in client.list_artifacts(run_id, "evaluation")}
+
+
+def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_run(registry):
+    client = registry.client
+    client.set_registered_model_alias("eval-op", "champion", "1")
+
+    summary = _operator(registry, "2").execute({"ti": FakeTaskInstance()})
+
+    assert [c[c.index("--model-uri") + 1] for c in FakeSubprocessHook.commands] == [
+        "models:/eval-op/2",
+        "models:/eval-op/1",
+    ]
+    challenger_run = registry.runs[1]
+    metrics = client.get_run(challenger_run).data.metrics
+    for prefix in ("", "champion_"):
+        for name in ("eval_accuracy", "eval_macro_f1", "eval_loss"):
+            low, high = metrics[f"{prefix}{name}_ci_low"], metrics[f"{prefix}{name}_ci_high"]
+            assert low <= metrics[f"{prefix}{name}"] <= high
+    assert metrics["eval_accuracy"] == pytest.approx(0.895)
+    assert metrics["champion_eval_accuracy"] == pytest.approx(0.745)
+    assert metrics["champion_eval_accuracy_ci_high"] < metrics["eval_accuracy_ci_low"]
+
+    artifacts = _artifacts(client, challenger_run)
+    assert set(artifacts) == {
+        "evaluation/confusion_matrix.png",
+        "evaluation/champion_confusion_matrix.png",
+        "evaluation/eval_challenger.json",
+        "evaluation/eval_champion.json",
+    }
+    png = Path(client.download_artifacts(challenger_run, "evaluation/confusion_matrix.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    logged = json.loads(
+        Path(client.download_artifacts(challenger_run, "evaluation/eval_champion.json")).read_text()
+    )
+    assert len(logged["y_pred"]) == 200  # per-example outcomes live in the artifact...
+    assert _artifacts(client, registry.runs[0]) == {}  # ...of the challenger's run only
+
+    # ...and never in XCom: flat metrics and intervals, a few hundred bytes.
+    assert summary["challenger"]["eval_accuracy_ci_low"] == metrics["eval_accuracy_ci_low"]
+    assert summary["champion"]["eval_accuracy_ci_high"] == metrics["champion_eval_accuracy_ci_high"]
+    assert all(isinstance(v, float) for v in summary["challenger"].values())
+    assert len(json.dumps(summary)) < 2_000
+
+
+def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry):
+    summary = _operator(registry, "1").execute({"ti": FakeTaskInstance(task_id="evaluate-first")})
+
+    assert len(FakeSubprocessHook.commands) == 1
+    assert summary["champion"] is None and summary["champion_version"] is None
+    assert set(_artifacts(registry.client, registry.runs[0])) == {
+        "evaluation/confusion_matrix.png",
+        "evaluation/eval_challenger.json",
+    }
+    assert "eval_macro_f1_ci_low" in registry.client.get_run(registry.runs[0]).data.metrics
