@@ -1,0 +1,166 @@
+"""Batch inference on Spark with the tiny causal LM registered under an alias."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+try:
+    from tests.unit import tiny_model
+except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    import tiny_model
+
+MODEL_NAME = "tiny-intent-inference"
+SCORED_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def registered(root, torch_single_thread):
+    """The tiny full fine-tune registered as MODEL_NAME@champion; returns (root, tracking uri)."""
+    from mlflow.tracking import MlflowClient
+    from sparktune.registry import register_run_model
+    from sparktune.training import using_tracking_uri
+
+    result = tiny_model.trained(root, "full")
+    uri = tiny_model.tracking_uri(root)
+    client = MlflowClient(tracking_uri=uri)
+    with using_tracking_uri(uri):
+        version = register_run_model(
+            client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-tiny"}
+        )
+    client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    return root, uri
+
+
+@pytest.fixture(scope="module")
+def model_ref(registered):
+    from sparktune.inference import resolve_model
+
+    root, uri = registered
+    return resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return tiny_model.make_rows(64, 11)
+
+
+@pytest.fixture(scope="module")
+def source(spark, rows):
+    data = [(r["example_id"], r["text"], tiny_model.LABELS[r["label"]]) for r in rows]
+    return spark.createDataFrame(data, "ticket_id string, body string, truth string").repartition(2)
+
+
+@pytest.fixture(scope="module")
+def scored(source, model_ref):
+    from sparktune.inference import score_dataframe
+
+    return score_dataframe(
+        source, model_ref, text_column="body", id_column="ticket_id", batch_size=8, scored_at=SCORED_AT
+    ).toPandas()
+
+
+def test_resolve_model_reads_the_alias_tags_and_run(model_ref):
+    assert model_ref.version == "1"
+    assert model_ref.alias == "champion"
+    assert model_ref.data_fingerprint == "fp-tiny"
+    assert model_ref.task == "causal_lm"
+    assert set(model_ref.labels) == set(tiny_model.LABELS)
+    assert "{text}" in model_ref.prompt_template
+    assert (Path(model_ref.local_path) / "MLmodel").exists()
+
+
+def test_resolve_model_reuses_the_download(registered, model_ref):
+    from sparktune.inference import resolve_model
+
+    root, uri = registered
+    again = resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
+    assert again == model_ref
+
+
+def test_missing_alias_is_a_clear_error(registered):
+    from sparktune.inference import InferenceInputError, resolve_model
+
+    root, uri = registered
+    with pytest.raises(InferenceInputError) as err:
+        resolve_model(MODEL_NAME, "nope", uri, download_dir=root / "inference-models")
+    message = str(err.value)
+    assert "'nope'" in message and "champion -> v1" in message and "set_registered_model_alias" in message
+    with pytest.raises(InferenceInputError, match="No registered model 'absent'"):
+        resolve_model("absent", "champion", uri, download_dir=root / "inference-models")
+
+
+def test_columns_types_and_one_row_per_id(scored, rows):
+    from sparktune.inference import OUTPUT_COLUMNS
+
+    assert list(scored.columns) == [*OUTPUT_COLUMNS, "date"]
+    assert sorted(scored["id"]) == sorted(r["example_id"] for r in rows)
+    assert set(scored["model_name"]) == {MODEL_NAME}
+    assert set(scored["model_version"]) == {"1"}
+    assert set(scored["model_alias"]) == {"champion"}
+    assert set(scored["data_fingerprint"]) == {"fp-tiny"}
+    assert scored["score"].between(0.0, 1.0).all()
+    assert str(scored["date"].iloc[0]) == "2025-03-04"
+
+
+def test_predictions_are_labels_and_mostly_right(scored, rows):
+    truth = {r["example_id"]: tiny_model.LABELS[r["label"]] for r in rows}
+    assert set(scored["prediction"]) <= set(tiny_model.LABELS)
+    accuracy = sum(truth[i] == p for i, p in zip(scored["id"], scored["prediction"], strict=True)) / len(rows)
+    assert accuracy >= 0.8
+
+
+def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
+    """Length sorting and batching restore row identity: each row scores as it does alone."""
+    from sparktune.inference import load_cached, score_texts
+
+    model, tokenizer = load_cached(model_ref.local_path)
+    texts = [r["text"] for r in rows[:6]]
+    alone = [score_texts(model, tokenizer, [t], model_ref, 1) for t in texts]
+    by_id = scored.set_index("id")
+    for row, (labels, scores) in zip(rows[:6], alone, strict=True):
+        assert by_id.loc[row["example_id"], "prediction"] == labels[0]
+        assert by_id.loc[row["example_id"], "score"] == pytest.approx(scores[0], abs=1e-4)
+
+
+def test_min_score_keeps_rows_at_or_above_it(source, model_ref, scored):
+    from sparktune.inference import score_dataframe
+
+    threshold = float(scored["score"].median())
+    kept = score_dataframe(
+        source,
+        model_ref,
+        text_column="body",
+        id_column="ticket_id",
+        batch_size=16,
+        min_score=threshold,
+        scored_at=SCORED_AT,
+    ).toPandas()
+    assert sorted(kept["id"]) == sorted(scored.loc[scored["score"] >= threshold - 1e-9, "id"])
+    assert (kept["score"] >= threshold).all()
+
+
+def test_bad_columns_are_listed_together(source, model_ref):
+    from sparktune.inference import InferenceInputError, score_dataframe
+
+    with pytest.raises(InferenceInputError) as err:
+        score_dataframe(source, model_ref, text_column="x", id_column="y", batch_size=0, scored_at=SCORED_AT)
+    assert "'x'" in str(err.value) and "'y'" in str(err.value) and "batch_size" in str(err.value)
+
+
+def test_write_is_idempotent_per_run_date(spark, tmp_path, source, model_ref):
+    from sparktune.inference import score_dataframe, write_predictions
+
+    out = str(tmp_path / "predictions")
+    small = source.limit(10)
+    first = score_dataframe(small, model_ref, text_column="body", id_column="ticket_id", scored_at=SCORED_AT)
+    assert write_predictions(first, out, "2025-03-04") == 10
+    assert write_predictions(first, out, "2025-03-05") == 10
+    assert write_predictions(first, out, "2025-03-04") == 10  # the rerun replaces its own partition
+    written = spark.read.parquet(out)
+    assert written.count() == 20
+    counts = {str(r["date"]): r["count"] for r in written.groupBy("date").count().collect()}
+    assert counts == {"2025-03-04": 10, "2025-03-05": 10}
+    assert sorted(p.name for p in Path(out).glob("date=*")) == ["date=2025-03-04", "date=2025-03-05"]
