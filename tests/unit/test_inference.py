@@ -164,3 +164,27 @@ def test_write_is_idempotent_per_run_date(spark, tmp_path, source, model_ref):
     counts = {str(r["date"]): r["count"] for r in written.groupBy("date").count().collect()}
     assert counts == {"2025-03-04": 10, "2025-03-05": 10}
     assert sorted(p.name for p in Path(out).glob("date=*")) == ["date=2025-03-04", "date=2025-03-05"]
+
+
+def test_job_writes_a_summary_and_exits_2_on_a_missing_alias(spark, tmp_path, registered, source):
+    import json
+
+    from sparktune.jobs import batch_inference
+
+    root, uri = registered
+    data = tmp_path / "texts.parquet"
+    source.limit(8).write.parquet(str(data))
+    common = [
+        "--source", str(data), "--text-column", "body", "--id-column", "ticket_id",
+        "--output-uri", str(tmp_path / "out"), "--model-name", MODEL_NAME, "--tracking-uri", uri,
+        "--download-dir", str(root / "inference-models"), "--run-date", "2025-03-04",
+    ]  # fmt: skip
+    summary = tmp_path / "summary.json"
+    assert batch_inference.main([*common, "--summary-path", str(summary)]) == 0
+    done = json.loads(summary.read_text())
+    assert done["rows_written"] == 8 and done["model"]["version"] == "1"
+    assert done["partition"] == "date=2025-03-04"
+
+    bad = tmp_path / "bad.json"
+    assert batch_inference.main([*common, "--model-alias", "nope", "--summary-path", str(bad)]) == 2
+    assert json.loads(bad.read_text())["kind"] == "InferenceInputError"
