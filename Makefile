@@ -11,7 +11,7 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train
+.PHONY: help venv demo run models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
 	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512 (BENCH_TRAIN_STEPS=40)"
+	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=3000)"
 
 # The venv is keyed on the lock file: changing the pins reinstalls.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -80,3 +81,8 @@ bench-materialize: venv
 # LLaMA + LoRA, same steps, side by side; writes $(SPARKTUNE_HOME)/bench/train.json. BENCH_TRAIN_STEPS passes through.
 bench-train: venv
 	$(PY) benchmarks/bench_train.py
+
+# score_dataframe vs the seed way (a text-generation pipeline built in each partition call), same data and
+# model on local[2]; writes $(SPARKTUNE_HOME)/bench/inference.json. BENCH_INFERENCE_ROWS passes through.
+bench-inference: venv
+	$(PY) benchmarks/bench_inference.py
