@@ -278,14 +278,29 @@ _MODEL_CACHE: dict[str, tuple[Any, Any]] = {}
 def load_cached(local_path: str) -> tuple[Any, Any]:
     """(model, tokenizer) from ``local_path``, loaded once per Python process."""
     if local_path not in _MODEL_CACHE:
-        from sparktune.evaluation import load_components
-
-        model, tokenizer = load_components(local_path)
+        model, tokenizer = _load_components(local_path)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         model.eval()
         _MODEL_CACHE[local_path] = (model, tokenizer)
     return _MODEL_CACHE[local_path]
+
+
+def _load_components(local_path: str) -> tuple[Any, Any]:
+    """A transformers-flavour folder straight through transformers (no mlflow import per worker)."""
+    from sparktune.evaluation import load_components
+
+    weights, tokenizer_dir = Path(local_path) / "model", Path(local_path) / "components" / "tokenizer"
+    if not ((weights / "config.json").exists() and tokenizer_dir.is_dir()):
+        return load_components(local_path)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    auto = (
+        AutoModelForSequenceClassification
+        if _task_of(Path(local_path), {}) == SEQUENCE_CLASSIFICATION
+        else AutoModelForCausalLM
+    )
+    return auto.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
 def score_texts(
