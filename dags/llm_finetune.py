@@ -2,7 +2,8 @@
 ### llm_finetune
 
 Labelled text in Spark -> quality gate -> Arrow dataset -> LoRA fine-tuning -> evaluation
-against the champion -> MLflow aliases `candidate` -> `staging` -> `champion`.
+against the champion -> MLflow aliases `candidate` -> `staging` -> smoke test of
+`models:/NAME@staging` -> `champion`.
 
 Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
 package. XCom carries ids, URIs, fingerprints and counts only.
@@ -21,6 +22,7 @@ from sparktune_airflow import (
     PromotionGateOperator,
     RegisterModelOperator,
     ResolveBaseModelOperator,
+    SmokeTestOperator,
     SparkQualityGateOperator,
     TrainModelOperator,
     ValidateParamsOperator,
@@ -120,7 +122,15 @@ with DAG(
         model_name="{{ params.model_name }}",
         version=_xcom("register", "version"),
         alias="staging",
-        reason="passed the gate in {{ run_id }}",
+        gate_decision=_xcom("gate"),
+    )
+
+    smoke_test = SmokeTestOperator(
+        task_id="smoke_test",
+        model_name="{{ params.model_name }}",
+        version=_xcom("register", "version"),
+        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
+        run_id=_xcom("train", "mlflow_run_id"),
     )
 
     promote_champion = PromoteModelOperator(
@@ -129,7 +139,7 @@ with DAG(
         version=_xcom("register", "version"),
         alias="champion",
         expected_champion=_xcom("gate", "champion_version"),
-        reason="passed the gate in {{ run_id }}",
+        gate_decision=_xcom("gate"),
     )
 
     (
@@ -143,5 +153,6 @@ with DAG(
         >> evaluate
         >> gate
         >> promote_staging
+        >> smoke_test
         >> promote_champion
     )

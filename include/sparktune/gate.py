@@ -110,3 +110,14 @@ def decide(
     if mode == "dry_run" and not passed:
         reasons.append("dry_run: rules failed but promotion goes ahead")
     return GateDecision(mode, passed, passed or mode == "dry_run", reasons, failed)
+
+
+def promotion_reason(decision: dict, actor: str) -> str:
+    """Why an alias moves, for the audit log: what the gate said, and in which mode."""
+    mode = decision.get("mode", "enabled")
+    if mode == "disabled":
+        return f"gate disabled: promoted without evaluating rules by {actor}"
+    if decision.get("passed"):
+        return f"passed the gate ({mode}) by {actor}"
+    failed = ", ".join(decision.get("failed_rules") or []) or "unknown rules"
+    return f"gate dry_run: rules FAILED ({failed}) but promoted anyway, dry_run never blocks, by {actor}"

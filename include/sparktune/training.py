@@ -44,6 +44,8 @@ MODEL_URI_TAG = "sparktune.model_uri"
 MODEL_ARTIFACT = "model"
 ADAPTER_ARTIFACT = "adapter"
 ADAPTER_MODEL_ARTIFACT = "adapter_model"
+# What the logged text-generation model writes per prompt when served: a label and its eos.
+GENERATED_TOKENS = 32
 RESULT_ARTIFACT = "train_result.json"
 RESUMED_FROM_TAG = "sparktune.resumed_from_step"
 CODE_VERSION_TAG = "sparktune.code_version"
@@ -1112,6 +1114,9 @@ def _train_in_run(
         transformers_model={"model": merged, "tokenizer": tokenizer},
         name=MODEL_ARTIFACT,
         task=classification.PIPELINE_TASK if classify else "text-generation",
+        # A pyfunc caller sends prompts and wants the label back, not the prompt echoed before it
+        # and a long continuation after it.
+        model_config=None if classify else {"return_full_text": False, "max_new_tokens": GENERATED_TOKENS},
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"

@@ -628,6 +628,15 @@ class RegisterModelOperator(BaseOperator):
         for step in prepare.get("steps", []):
             client.log_metric(self.run_id, f"rows_out.{step['step']}", step["rows_out"])
         tags = {k: str(v) for k, v in self.tags.items()}
+        from sparktune.training import CODE_VERSION_TAG
+
+        code_version = client.get_run(self.run_id).data.tags.get(CODE_VERSION_TAG)
+        if code_version:
+            tags.setdefault("code_version", code_version)
+        if prepare.get("labels"):
+            # The label set travels with the version: batch inference scores a causal LM's
+            # candidates from it, and the smoke test checks answers against it.
+            tags.setdefault("labels", json.dumps(list(prepare["labels"])))
         version = register_run_model(client, self.model_name, self.run_id, tags)
         move = move_alias(
             client,
@@ -768,7 +777,7 @@ class PromotionGateOperator(BaseOperator, SkipMixin):
 class PromoteModelOperator(BaseOperator):
     """Moves one alias to the challenger; for ``champion`` it first checks nobody promoted in between."""
 
-    template_fields: Sequence[str] = ("model_name", "version", "expected_champion", "reason")
+    template_fields: Sequence[str] = ("model_name", "version", "expected_champion", "reason", "gate_decision")
 
     def __init__(
         self,
@@ -778,19 +787,27 @@ class PromoteModelOperator(BaseOperator):
         alias: str,
         expected_champion: str | None = None,
         reason: str = "",
+        gate_decision: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        """``gate_decision``: the gate task's summary; the audit record then says what the gate
+        decided and in which mode (a dry_run that failed its rules says so)."""
         super().__init__(**kwargs)
         self.model_name = model_name
         self.version = version
         self.alias = alias
         self.expected_champion = expected_champion
         self.reason = reason
+        self.gate_decision = gate_decision
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.gate import promotion_reason
         from sparktune.registry import CHAMPION, ChampionChangedError, move_alias
 
         client = _mlflow_client()
+        reason = self.reason or f"promoted by {_actor(context)}"
+        if self.gate_decision:
+            reason = promotion_reason(self.gate_decision, _actor(context))
         try:
             move = move_alias(
                 client,
@@ -798,10 +815,80 @@ class PromoteModelOperator(BaseOperator):
                 self.alias,
                 str(self.version),
                 actor=_actor(context),
-                reason=self.reason or f"promoted by {_actor(context)}",
+                reason=reason,
                 check_current=self.alias == CHAMPION,
                 expected_current=self.expected_champion,
             )
         except ChampionChangedError as exc:
             raise AirflowFailException(str(exc)) from exc
         return move.to_summary()
+
+
+class SmokeTestOperator(BaseOperator):
+    """Loads ``models:/NAME@alias`` with ``mlflow.pyfunc`` as a user would and predicts on sample rows.
+
+    Every answer must be a label; load time and per-row latency go to the training run and to the
+    version's tags. A model that fails stops here (``AirflowFailException``): the alias after it
+    (``champion``) never moves to a model users could not call.
+    """
+
+    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        version: str,
+        dataset_uri: str,
+        run_id: str,
+        alias: str = "staging",
+        rows: int = 16,
+        pipeline_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.version = version
+        self.dataset_uri = dataset_uri
+        self.run_id = run_id
+        self.alias = alias
+        self.rows = rows
+        self.pipeline_params = pipeline_params
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.registry import alias_version
+
+        client = _mlflow_client()
+        current = alias_version(client, self.model_name, self.alias)
+        if current != str(self.version):
+            raise AirflowFailException(
+                f"{self.model_name}@{self.alias} is version {current}, not {self.version} that this run "
+                f"promoted; another run moved it. Re-run this DAG run's promotion from evaluate."
+            )
+        output = _run_dir(context) / "smoke.json"
+        model_uri = f"models:/{self.model_name}@{self.alias}"
+        result = SubprocessHook().run_command(
+            [
+                sys.executable,
+                "-m",
+                "sparktune.smoke",
+                "--model-uri",
+                model_uri,
+                "--dataset-path",
+                self.dataset_uri,
+                "--rows",
+                str(self.rows),
+                "--max-invalid-rate",
+                str(pipeline_params(self.pipeline_params, context).smoke_max_invalid_rate),
+                "--output",
+                str(output),
+            ],
+            env=dict(os.environ),
+        )
+        _raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)
+        summary = json.loads(output.read_text())
+        for name, value in summary["metrics"].items():
+            client.log_metric(self.run_id, name, value)
+            client.set_model_version_tag(self.model_name, str(self.version), name, f"{value:.3f}")
+        self.log.info("smoke test of %s passed: %s", model_uri, json.dumps(summary["metrics"]))
+        return {"model_uri": model_uri, "version": str(self.version), **summary["metrics"]}

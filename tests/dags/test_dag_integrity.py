@@ -69,6 +69,7 @@ def test_llm_finetune_order(dagbag):
         "evaluate",
         "gate",
         "promote_staging",
+        "smoke_test",
         "promote_champion",
     ]
     for upstream, downstream in zip(order, order[1:], strict=False):

@@ -102,6 +102,14 @@ def test_run_ends_with_a_champion_with_metrics(home, happy_run):
         "pipeline/prepare_summary.json",
         "pipeline/quality_summary.json",
     }
+    # Between staging and champion the model was loaded as users load it and answered with labels.
+    assert float(champion.tags["smoke_latency_p50_ms"]) > 0
+    assert champion.tags["code_version"] == run.data.tags["sparktune.code_version"]
+    assert len(json.loads(champion.tags["labels"])) == 10  # the demo data's intents, in label order
+    from sparktune.registry import audit_log
+
+    [promotion] = [m for m in audit_log(client, "support-intent") if m["alias"] == "champion"]
+    assert promotion["reason"].startswith("passed the gate (enabled)")
 
 
 def test_dataset_on_disk_is_the_fingerprinted_arrow_dataset(home, happy_run):
@@ -193,3 +201,33 @@ def test_out_of_range_param_is_refused_before_the_run_starts(home):
     result = run_dag(home, {"lora_r": 0})
     assert result.returncode != 0
     assert "lora_r" in result.stdout + result.stderr
+
+
+def test_a_bad_model_is_blocked_and_a_dry_run_says_so_but_never_reaches_champion(home, happy_run):
+    from sparktune.registry import audit_log
+
+    client = _client(home)
+    champion_before = client.get_model_version_by_alias("support-intent", "champion").version
+    # learning_rate 0: the model learns nothing and stays near chance on the labels.
+    untrained = {**FAST_TRAINING, "learning_rate": 0.0, "max_steps": 1}
+    blocked = run_dag(home, untrained)
+    assert blocked.returncode == 0, blocked.stdout[-4000:]  # a failed gate ends the run cleanly
+    assert client.get_model_version_by_alias("support-intent", "champion").version == champion_before
+    versions = client.search_model_versions("name = 'support-intent'")
+    newest = max(versions, key=lambda v: int(v.version))
+    assert newest.tags["gate_decision"] == "blocked" and set(newest.aliases) <= {"candidate"}
+    assert client.get_run(newest.run_id).data.tags["sparktune.gate.decision"] == "blocked"
+
+    # dry_run: the failing decision is recorded and promotion to staging goes ahead, saying so;
+    # the smoke test then finds the model cannot answer with labels and champion never moves.
+    dry = run_dag(home, {**untrained, "gate_mode": "dry_run"})
+    assert dry.returncode != 0
+    assert "smoke test of models:/support-intent@staging" in dry.stdout + dry.stderr
+    staging = client.get_model_version_by_alias("support-intent", "staging")
+    assert int(staging.version) > int(newest.version)
+    tags = client.get_run(staging.run_id).data.tags
+    assert tags["sparktune.gate.mode"] == "dry_run" and "min_accuracy: FAIL" in tags["sparktune.gate.reasons"]
+    last = [m for m in audit_log(client, "support-intent") if m["alias"] == "staging"][-1]
+    assert last["to_version"] == str(staging.version)
+    assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
+    assert client.get_model_version_by_alias("support-intent", "champion").version == champion_before
