@@ -90,10 +90,15 @@ def _context(params: dict, **ti) -> dict:
     return {"ti": FakeTaskInstance(**ti), "params": params}
 
 
-def _runs_of(key_filter: str):
+def _client():
     from mlflow import MlflowClient
 
-    client = MlflowClient()
+    # Explicit: an earlier test module may have left MLflow's global tracking URI elsewhere.
+    return MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+
+
+def _runs_of(key_filter: str):
+    client = _client()
     experiment = client.get_experiment_by_name("sparktune-tiny-backends")
     return client.search_runs([experiment.experiment_id], key_filter) if experiment else []
 
@@ -232,7 +237,6 @@ def standalone_cluster(tmp_path_factory):
 def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     workspace, standalone_cluster, monkeypatch
 ):
-    from mlflow import MlflowClient
     from sparktune_airflow.operators import RegisterModelOperator
 
     host, port = standalone_cluster["master"].rsplit(":", 1)
@@ -250,7 +254,7 @@ def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     )
     result = operator.execute(_context(params, run_id="spark-1"))
 
-    client = MlflowClient()
+    client = _client()
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.metrics["world_size"] == 2
