@@ -60,6 +60,15 @@ def _submit_and_read_summary(
     return json.loads(summary_path.read_text())
 
 
+def _run_module(module: str, *args: str) -> Any:
+    """``python -m module args`` on this worker's interpreter and environment, its output in the task log.
+
+    The domain CLIs (evaluation, smoke test) run in a process of their own so torch and the model
+    do not stay in the task runner.
+    """
+    return SubprocessHook().run_command([sys.executable, "-m", module, *args], env=dict(os.environ))
+
+
 def pipeline_params(explicit: dict[str, Any] | None, context: Any) -> PipelineParams:
     """Typed params from an explicit dict or the DAG run's params; invalid ones fail the task at once."""
     raw = explicit if explicit is not None else dict(context["params"])
@@ -668,23 +677,10 @@ class EvaluateModelOperator(BaseOperator):
         folder: the result JSON (per-example outcomes included) and the confusion matrix PNG."""
         output = work / f"eval_{label}.json"
         figure = work / ("confusion_matrix.png" if label == "challenger" else f"{label}_confusion_matrix.png")
-        result = SubprocessHook().run_command(
-            [
-                sys.executable,
-                "-m",
-                "sparktune.evaluation",
-                "--model-uri",
-                model_uri,
-                "--dataset-path",
-                self.dataset_uri,
-                "--split",
-                "test",
-                "--output",
-                str(output),
-                "--confusion-matrix",
-                str(figure),
-            ],
-            env=dict(os.environ),
+        result = _run_module(
+            "sparktune.evaluation",
+            *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--split", "test"),
+            *("--output", str(output), "--confusion-matrix", str(figure)),
         )
         if result.exit_code != 0:
             raise AirflowException(
@@ -867,23 +863,11 @@ class SmokeTestOperator(BaseOperator):
             )
         output = _run_dir(context) / "smoke.json"
         model_uri = f"models:/{self.model_name}@{self.alias}"
-        result = SubprocessHook().run_command(
-            [
-                sys.executable,
-                "-m",
-                "sparktune.smoke",
-                "--model-uri",
-                model_uri,
-                "--dataset-path",
-                self.dataset_uri,
-                "--rows",
-                str(self.rows),
-                "--max-invalid-rate",
-                str(pipeline_params(self.pipeline_params, context).smoke_max_invalid_rate),
-                "--output",
-                str(output),
-            ],
-            env=dict(os.environ),
+        max_invalid = pipeline_params(self.pipeline_params, context).smoke_max_invalid_rate
+        result = _run_module(
+            "sparktune.smoke",
+            *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--rows", str(self.rows)),
+            *("--max-invalid-rate", str(max_invalid), "--output", str(output)),
         )
         _raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)
         summary = json.loads(output.read_text())
