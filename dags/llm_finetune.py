@@ -11,7 +11,7 @@ package. XCom carries ids, URIs, fingerprints and counts only.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG
 from sparktune_airflow import (
@@ -27,6 +27,7 @@ from sparktune_airflow import (
     TrainModelOperator,
     ValidateParamsOperator,
 )
+from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
 from sparktune_airflow.params import trigger_form_params
 
 
@@ -45,12 +46,7 @@ with DAG(
     tags=["llm", "fine-tuning", "spark", "mlflow", "great-expectations"],
     params=trigger_form_params(),
     render_template_as_native_obj=True,
-    default_args={
-        "retries": 2,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(minutes=10),
-    },
+    default_args=RETRY_DEFAULTS,
     doc_md=__doc__,
 ) as dag:
     validate_params = ValidateParamsOperator(task_id="validate_params")

@@ -15,11 +15,12 @@ Moves the MLflow alias `champion` of a registered model back to an earlier versi
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from airflow.sdk import DAG, Param
 from sparktune.config import DEFAULT_MODEL_NAME
 from sparktune_airflow import RollbackChampionOperator
+from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
 
 with DAG(
     dag_id="rollback_champion",
@@ -53,12 +54,7 @@ with DAG(
             "this DAG run.",
         ),
     },
-    default_args={
-        "retries": 2,
-        "retry_delay": timedelta(seconds=30),
-        "retry_exponential_backoff": True,
-        "max_retry_delay": timedelta(minutes=10),
-    },
+    default_args=RETRY_DEFAULTS,
     doc_md=__doc__,
 ) as dag:
     RollbackChampionOperator(
