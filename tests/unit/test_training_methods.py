@@ -159,3 +159,21 @@ def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(ro
     assert result.train_loss < result.initial_loss
     runs = client.search_runs([experiment.experiment_id], "tags.`sparktune.train_key` = 'tiny-crash'")
     assert len(runs) == 1
+
+
+def test_the_merged_model_takes_the_dtype_its_base_is_stored_in(tmp_path):
+    import torch
+    from sparktune.training import _to_stored_dtype
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = LlamaForCausalLM(config)
+    config.dtype = "bfloat16"  # a hub LLM ships its weights in 16 bits
+    config.save_pretrained(tmp_path / "bf16")
+    assert _to_stored_dtype(model, str(tmp_path / "bf16")).dtype == torch.bfloat16
+    fp32 = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "dtype": "float32"}))
+    fp32.config.save_pretrained(tmp_path / "fp32")
+    assert _to_stored_dtype(fp32, str(tmp_path / "fp32")).dtype == torch.float32
+    assert _to_stored_dtype(fp32, str(tmp_path / "missing")) is fp32  # no config: left as it is
