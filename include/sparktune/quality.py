@@ -419,6 +419,11 @@ class QualityReport:
     data_docs_dir: str | None = None
     summary_path: str | None = None  # the JSON summary, written by run_quality_gate
 
+    @property
+    def data_docs_index_uri(self) -> str | None:
+        """The Data Docs site's front page (every suite and run), as a file URI."""
+        return (Path(self.data_docs_dir).resolve() / "index.html").as_uri() if self.data_docs_dir else None
+
     def to_summary(self) -> dict[str, Any]:
         """A small JSON-serializable summary for XCom, MLflow and the task log."""
         return {
@@ -434,6 +439,7 @@ class QualityReport:
             "data_docs_uri": self.data_docs_uri,
             "validation_pages": dict(self.validation_pages),
             "data_docs_dir": self.data_docs_dir,
+            "data_docs_index_uri": self.data_docs_index_uri,
             "summary_path": self.summary_path,
         }
 
@@ -483,33 +489,44 @@ def run_quality_gate(
     spark: SparkSession,
     params: PipelineParams,
     *,
-    prepared_uri: str,
     source_uri: str,
     gx_root: Path,
+    prepared_uri: str | None = None,
     run_id: str | None = None,
     labels: Sequence[str] | None = None,
+    raw_suite_name: str = RAW_INPUT,
 ) -> QualityReport:
-    """Validate the raw source and the prepared Parquet; one combined report, one JSON summary.
+    """Validate the raw source and, when ``prepared_uri`` is given, the prepared Parquet; one
+    combined report, one JSON summary.
 
-    The raw input is read as preparation reads it (:func:`sparktune.prepare.load_source`).
-    Data Docs are updated under ``gx_root``; the summary is written to
+    Without ``prepared_uri`` only the raw input rules run (:func:`raw_rules`): a report over any
+    table, no preparation needed. The raw input is read as preparation reads it
+    (:func:`sparktune.prepare.load_source`) and validated under the suite ``raw_suite_name``
+    (its own name keeps a report's runs apart from the pipeline's in Data Docs). Data Docs are
+    updated under ``gx_root``; the summary is written to
     ``gx/uncommitted/quality_summaries/<run>/<time>.json`` beside GX's own results.
     """
     from sparktune.prepare import load_source
 
     warning_rules(params)  # a typo in the params fails here, before any Spark or GX work
     raw_df = load_source(spark, source_uri, params.source_format)
-    prepared_df = spark.read.parquet(prepared_uri)
-    _check_schema(prepared_df)
+    prepared_df = None
+    if prepared_uri is not None:
+        prepared_df = spark.read.parquet(prepared_uri)
+        _check_schema(prepared_df)
     started = time.perf_counter()
     context = _context(Path(gx_root))
     identifier = _identifier(run_id)
-    raw = _validate_raw(context, raw_df, params, identifier, RAW_INPUT)
-    prepared = _validate_prepared(context, prepared_df, params, identifier, PREPARED_SUITE, labels)
-    report = _report(context, [raw, prepared], primary=ROWS)
+    raw = _validate_raw(context, raw_df, params, identifier, raw_suite_name)
+    outcomes = [raw]
+    statistics: dict[str, Any] = {RAW_INPUT: raw.statistics}
+    if prepared_df is not None:
+        prepared = _validate_prepared(context, prepared_df, params, identifier, PREPARED_SUITE, labels)
+        outcomes.append(prepared)
+        statistics["prepared"] = prepared.statistics
+    report = _report(context, outcomes, primary=RAW_INPUT if prepared_df is None else ROWS)
     report.statistics = {
-        RAW_INPUT: raw.statistics,
-        "prepared": prepared.statistics,
+        **statistics,
         "evaluated_expectations": report.evaluated,
         "failed_expectations": len(report.failures),
         "warned_expectations": len(report.warnings),

@@ -201,41 +201,51 @@ class PrepareDataOperator(SparkSubmitOperator):
 
 
 def _quality_gate(
-    prepared_uri: str,
+    prepared_uri: str | None,
     source_uri: str | None,
     pipeline_params_value: dict[str, Any] | None,
     gx_root: str,
     run_id: str,
+    fail_on_error: bool | str = True,
+    raw_suite_name: str | None = None,
     params: Any = None,
     spark: Any = None,
 ) -> dict[str, Any]:
     from sparktune.prepare import DataPreparationError, resolve_source_uri
-    from sparktune.quality import format_failures, run_quality_gate
+    from sparktune.quality import RAW_INPUT, format_failures, run_quality_gate
 
     # py4j logs a traceback at INFO for every socket the provider's session.stop() closes.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # A templated flag renders as "True"/"False" unless the DAG renders native objects.
+    fail = {"true": True, "false": False}.get(str(fail_on_error).strip().lower())
+    if fail is None:
+        raise AirflowFailException(f"fail_on_error must be true or false, got {fail_on_error!r}")
     typed = pipeline_params(pipeline_params_value, {"params": params})
     try:
+        source = source_uri or resolve_source_uri(typed)
         report = run_quality_gate(
             spark,
             typed,
-            prepared_uri=prepared_uri,
-            source_uri=source_uri or resolve_source_uri(typed),
+            prepared_uri=prepared_uri or None,
+            source_uri=source,
             gx_root=Path(gx_root),
             run_id=run_id,
+            raw_suite_name=raw_suite_name or RAW_INPUT,
         )
     except (DataPreparationError, ValueError) as exc:  # unreadable source, unknown rule name
         raise AirflowFailException(str(exc)) from exc
     print(f"quality: {report.evaluated} expectations, success={report.success}, docs {report.data_docs_uri}")
-    if not report.success:
+    print(f"Data Docs (every suite and run): {report.data_docs_index_uri}")
+    if not report.success and fail:
         raise AirflowFailException(format_failures(report))
-    if report.warnings:
+    if report.warnings or not report.success:
         logging.getLogger(__name__).warning("%s", format_failures(report))
-    return report.to_summary()
+    # The source actually validated, so a downstream task reads exactly what passed.
+    return {**report.to_summary(), "source_uri": source}
 
 
 class SparkQualityGateOperator(PySparkOperator):
-    """Great Expectations on the prepared Spark DataFrame; every failed expectation in one error.
+    """Great Expectations on Spark over a source table and, optionally, its prepared rows.
 
     Reuses the Spark provider's ``PySparkOperator`` for the session, so the master and Spark
     settings come from the ``spark_default`` connection like every other Spark task.
@@ -246,10 +256,12 @@ class SparkQualityGateOperator(PySparkOperator):
     def __init__(
         self,
         *,
-        prepared_uri: str,
+        prepared_uri: str | None = None,
         source_uri: str | None = None,
         pipeline_params: dict[str, Any] | None = None,
         gx_root: str | None = None,
+        fail_on_error: bool | str = True,
+        raw_suite_name: str | None = None,
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
@@ -261,6 +273,8 @@ class SparkQualityGateOperator(PySparkOperator):
                 "source_uri": source_uri,
                 "pipeline_params_value": pipeline_params,
                 "gx_root": gx_root or str(settings().gx_root),
+                "fail_on_error": fail_on_error,
+                "raw_suite_name": raw_suite_name,
             },
             **kwargs,
         )

@@ -512,3 +512,44 @@ def test_missing_and_mistyped_prepared_columns_raise_one_error(spark, gx_root):
     assert "Pass the output of the preparation step" in message
     # Misuse is caught before any GX project is created.
     assert not (gx_root / "unused").exists()
+
+
+def test_raw_only_run_reports_any_table_under_its_own_suite(spark, tmp_path):
+    """No prepared data: the raw rules alone, under a suite name of the caller's (the nightly report)."""
+    source = tmp_path / "reviews.jsonl"
+    # 12 of 40 labels null (30%, allowed 20%); texts and row count are fine.
+    source.write_text(
+        "".join(
+            json.dumps({"body": f"review number {i} of the product", "stars": None if i % 10 < 3 else "5"})
+            + "\n"
+            for i in range(40)
+        )
+    )
+    params = parse_params({"text_column": "body", "label_column": "stars", "min_rows": 30})
+    gx_root = tmp_path / "gx_project"
+    report = run_quality_gate(
+        spark,
+        params,
+        source_uri=str(source),
+        gx_root=gx_root,
+        run_id="nightly",
+        raw_suite_name="reviews_report",
+    )
+
+    assert not report.success
+    assert [_rule(line) for line in report.failures] == ["raw_label_null_rate"]
+    assert "column 'stars': 12 of 40 rows unexpected (30.0%, allowed 20.0%)" in report.failures[0]
+    assert report.evaluated == len(raw_rules(params)) - 1  # no quality_score column: its rule is skipped
+    assert set(report.validation_pages) == {RAW_INPUT}
+    assert report.data_docs_uri == report.validation_pages[RAW_INPUT]
+    assert set(report.statistics) >= {RAW_INPUT, "evaluated_expectations", "validation_seconds"}
+    assert "prepared" not in report.statistics
+    assert report.statistics[RAW_INPUT]["rows"] == 40
+    # Only the raw suite was stored, under the caller's name, and the site index lists it.
+    gx_dir = gx_root / "gx"
+    assert sorted(p.name for p in (gx_dir / "expectations").glob("*.json")) == ["reviews_report.json"]
+    index = _path(report.data_docs_index_uri)
+    assert index == gx_dir / "uncommitted" / "data_docs" / "local_site" / "index.html"
+    assert "reviews_report" in index.read_text()
+    summary = json.loads(Path(report.summary_path).read_text())
+    assert summary["failed"] == 1 and summary["data_docs_index_uri"] == report.data_docs_index_uri
