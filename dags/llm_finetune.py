@@ -1,9 +1,14 @@
 """
 ### llm_finetune
 
-Labelled text in Spark -> quality gate -> Arrow dataset -> LoRA fine-tuning -> evaluation
-against the champion -> MLflow aliases `candidate` -> `staging` -> smoke test of
-`models:/NAME@staging` -> `champion`.
+Labelled text in Spark (+ the feedback table's human corrections) -> quality gate -> Arrow
+dataset -> LoRA fine-tuning -> evaluation against the champion -> MLflow aliases `candidate` ->
+`staging` -> smoke test of `models:/NAME@staging` -> `champion` (an asset event that starts
+`batch_inference`).
+
+Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC) and whenever the training
+source or feedback asset is updated. A run whose data fingerprint, config and code are the
+champion's skips training and says why (`force_retrain` trains anyway).
 
 Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
 package. XCom carries ids, URIs, fingerprints and counts only.
@@ -13,7 +18,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
+from sparktune.config import settings
 from sparktune_airflow import (
     EvaluateModelOperator,
     MaterializeDatasetOperator,
@@ -27,7 +33,9 @@ from sparktune_airflow import (
     TrainModelOperator,
     ValidateParamsOperator,
 )
+from sparktune_airflow.assets import champion_asset, feedback_asset, training_source_asset
 from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
+from sparktune_airflow.feedback_operators import MergeFeedbackOperator, SkipUnchangedOperator
 from sparktune_airflow.params import trigger_form_params
 
 
@@ -39,7 +47,10 @@ def _xcom(task_id: str, key: str | None = None) -> str:
 with DAG(
     dag_id="llm_finetune",
     description="Fine-tune an LLM on labelled text from Spark and promote it through MLflow aliases",
-    schedule=None,
+    schedule=AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(settings().retrain_cron, timezone="UTC"),
+        assets=(training_source_asset() | feedback_asset()),
+    ),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
@@ -55,7 +66,20 @@ with DAG(
         task_id="resolve_base_model", base_model="{{ params.base_model }}"
     )
 
-    prepare_data = PrepareDataOperator(task_id="prepare_data", tokenizer=_xcom("resolve_base_model"))
+    merge_feedback = MergeFeedbackOperator(task_id="merge_feedback")
+
+    prepare_data = PrepareDataOperator(
+        task_id="prepare_data",
+        tokenizer=_xcom("resolve_base_model"),
+        source_uri=_xcom("merge_feedback", "source_uri"),
+        source_format=_xcom("merge_feedback", "source_format"),
+    )
+
+    skip_unchanged = SkipUnchangedOperator(
+        task_id="skip_unchanged",
+        model_name="{{ params.model_name }}",
+        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+    )
 
     validate_data = SparkQualityGateOperator(
         task_id="validate_data",
@@ -136,12 +160,15 @@ with DAG(
         alias="champion",
         expected_champion=_xcom("gate", "champion_version"),
         gate_decision=_xcom("gate"),
+        outlets=[champion_asset()],
     )
 
     (
         validate_params
         >> resolve_base_model
+        >> merge_feedback
         >> prepare_data
+        >> skip_unchanged
         >> validate_data
         >> materialize_dataset
         >> train

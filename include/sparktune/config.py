@@ -14,6 +14,8 @@ from pathlib import Path
 
 HOME_ENV = "SPARKTUNE_HOME"
 LAKE_ENV = "SPARKTUNE_LAKE_URI"
+FEEDBACK_ENV = "SPARKTUNE_FEEDBACK_URI"
+RETRAIN_CRON_ENV = "SPARKTUNE_RETRAIN_CRON"
 DEFAULT_MODEL_NAME = "support-intent"
 # The name a user types in the trigger form to get the built-in tiny base model.
 TINY_BASE_MODEL = "tiny-llama"
@@ -62,6 +64,21 @@ class Settings:
     @property
     def mlflow_artifact_root(self) -> str:
         return os.environ.get("SPARKTUNE_MLFLOW_ARTIFACTS") or (self.mlflow_dir / "artifacts").as_uri()
+
+    @property
+    def feedback_uri(self) -> str:
+        """The feedback table: scored rows for review and human corrections (see sparktune.feedback)."""
+        return os.environ.get(FEEDBACK_ENV) or f"{self.lake_uri}/feedback"
+
+    @property
+    def retrain_cron(self) -> str:
+        """When llm_finetune runs on its own besides its asset triggers (default: Mondays 03:00 UTC)."""
+        return os.environ.get(RETRAIN_CRON_ENV) or "0 3 * * 1"
+
+    @property
+    def incoming_source_path(self) -> Path:
+        """New, unlabelled texts batch inference scores by default (the demo generator writes here)."""
+        return self.data_dir / "incoming_tickets.jsonl"
 
     @property
     def demo_source_path(self) -> Path:

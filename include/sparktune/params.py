@@ -65,6 +65,13 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "",
         "Optional column ordering duplicates: the most recent copy is kept. Empty: a deterministic copy.",
     ),
+    ParamSpec(
+        "merge_feedback",
+        "boolean",
+        True,
+        "Add the human corrections of the feedback table (SPARKTUNE_FEEDBACK_URI, default "
+        "<lake>/feedback) whose texts the source does not hold yet, as a new data version.",
+    ),
     # --- preparation recipe
     ParamSpec(
         "min_quality_score",
@@ -415,9 +422,20 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         maximum=1.0,
         section="Promotion",
     ),
+    ParamSpec(
+        "force_retrain",
+        "boolean",
+        False,
+        "Train even when the data fingerprint, config and code are the current champion's "
+        "(otherwise such a run skips training and says why).",
+        section="Promotion",
+    ),
 )
 
 SPECS_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
+# Switches that decide whether or how a run happens, not what model it trains: left out of
+# the config hash, so flipping them does not make the same training look new.
+RUN_SWITCHES = frozenset({"force_retrain", "merge_feedback"})
 
 
 @dataclass(frozen=True)
@@ -473,6 +491,8 @@ class PipelineParams:
     max_eval_loss: float
     max_regression: float
     smoke_max_invalid_rate: float
+    merge_feedback: bool = True
+    force_retrain: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

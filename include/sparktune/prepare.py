@@ -642,6 +642,18 @@ def _format_columns(template: str, text: Column, label: Column) -> tuple[Column,
     return F.concat(*parts), F.concat(F.lit(whitespace), label, F.lit(after))
 
 
+def content_key(text: Column) -> Column:
+    """sha256 of the trimmed, lower-cased, space-collapsed text: the dedupe key of a text row.
+
+    Feedback merging uses the same key, so a corrected text already in the source is recognised
+    whatever split it landed in.
+    """
+    from pyspark.sql import functions as F
+
+    trimmed = F.regexp_replace(text, _TRIM_RE, "")
+    return F.sha2(F.lower(F.regexp_replace(trimmed, _SPACES_RE, " ")), 256)
+
+
 def _bucket(seed: int, example_id: Column) -> Column:
     """A uniform number in [0, 1) from sha256(seed:example_id): stable across runs and engines."""
     from pyspark.sql import functions as F
@@ -779,8 +791,7 @@ def prepare(
 
     text = F.regexp_replace("_src_text", _TRIM_RE, "")
     label = F.regexp_replace("_src_label", _TRIM_RE, "")
-    normalized = F.lower(F.regexp_replace(text, _SPACES_RE, " "))
-    example_id = F.sha2(normalized, 256)
+    example_id = content_key(F.col("_src_text"))
     if id_col:
         given = F.regexp_replace("_src_id", _TRIM_RE, "")
         # A blank or missing id falls back to the content hash, so such rows still dedupe by text.

@@ -28,7 +28,7 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
-from sparktune.params import InvalidParamsError, PipelineParams, parse_params
+from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
 
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
@@ -95,6 +95,12 @@ def _mlflow_client():
     return MlflowClient()
 
 
+def skip_downstream(operator: SkipMixin, context: Any) -> None:
+    """Skip every task after this one (teardowns still run): the run ends cleanly, not failed."""
+    downstream = [t for t in context["task"].get_flat_relatives(upstream=False) if not t.is_teardown]
+    operator.skip(ti=context["ti"], tasks=downstream)
+
+
 def _actor(context: Any) -> str:
     ti = context["ti"]
     return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}"
@@ -116,7 +122,9 @@ class ValidateParamsOperator(BaseOperator):
 
 
 def config_hash(params: PipelineParams) -> str:
-    return hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    """What the run trains with: every param but the run switches (force_retrain, merge_feedback)."""
+    config = {k: v for k, v in params.to_dict().items() if k not in RUN_SWITCHES}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class ResolveBaseModelOperator(BaseOperator):
@@ -146,7 +154,13 @@ class PrepareDataOperator(SparkSubmitOperator):
     master, YARN, Kubernetes) and writes a small summary file that this operator returns.
     """
 
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "pipeline_params", "tokenizer")
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "pipeline_params",
+        "tokenizer",
+        "source_uri",
+        "source_format",
+    )
 
     def __init__(
         self,
@@ -154,9 +168,12 @@ class PrepareDataOperator(SparkSubmitOperator):
         tokenizer: str,
         pipeline_params: dict[str, Any] | None = None,
         lake_uri: str | None = None,
+        source_uri: str | None = None,
+        source_format: str | None = None,
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
+        """``source_uri``/``source_format`` override the params' (``MergeFeedbackOperator``'s output)."""
         kwargs.setdefault("name", "sparktune-prepare_data")
         # Spark's INFO chatter would bury the step table in the task log; pass conf to change it.
         kwargs.setdefault("conf", {"spark.log.level": "WARN"})
@@ -164,19 +181,23 @@ class PrepareDataOperator(SparkSubmitOperator):
         self.tokenizer = tokenizer
         self.pipeline_params = pipeline_params
         self.lake_uri = lake_uri
+        self.source_uri = source_uri
+        self.source_format = source_format
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.prepare import DataPreparationError, resolve_source_uri
 
         params = pipeline_params(self.pipeline_params, context)
         try:
-            source_uri = resolve_source_uri(params)
+            source_uri = self.source_uri or resolve_source_uri(params)
         except DataPreparationError as exc:
             raise AirflowFailException(str(exc)) from exc
         self.application = self.application or job_path("prepare_data")
         summary_path = _run_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
         job_params = {**params.to_dict(), "source_uri": source_uri}
+        if self.source_format:
+            job_params["source_format"] = self.source_format
         self.application_args = [
             "--params-json",
             json.dumps(job_params),
@@ -653,9 +674,13 @@ class RegisterModelOperator(BaseOperator):
         tags = {k: str(v) for k, v in self.tags.items()}
         from sparktune.training import CODE_VERSION_TAG
 
-        code_version = client.get_run(self.run_id).data.tags.get(CODE_VERSION_TAG)
+        run_tags = client.get_run(self.run_id).data.tags
+        code_version = run_tags.get(CODE_VERSION_TAG)
         if code_version:
             tags.setdefault("code_version", code_version)
+        if run_tags.get("sparktune.config_hash"):
+            # With data_fingerprint and code_version: what a later run compares to skip retraining.
+            tags.setdefault("config_hash", run_tags["sparktune.config_hash"])
         if prepare.get("labels"):
             # The label set travels with the version: batch inference scores a causal LM's
             # candidates from it, and the smoke test checks answers against it.
@@ -779,8 +804,7 @@ class PromotionGateOperator(BaseOperator, SkipMixin):
             evaluation["model_name"], evaluation["challenger_version"], "gate_decision", verdict
         )
         if not decision.promote:
-            downstream = [t for t in context["task"].get_flat_relatives(upstream=False) if not t.is_teardown]
-            self.skip(ti=context["ti"], tasks=downstream)
+            skip_downstream(self, context)
         return {**decision.to_summary(), "champion_version": evaluation["champion_version"]}
 
 
@@ -831,6 +855,16 @@ class PromoteModelOperator(BaseOperator):
             )
         except ChampionChangedError as exc:
             raise AirflowFailException(str(exc)) from exc
+        # Each outlet (llm_finetune gives champion its asset) gets an event saying what moved, so
+        # a consumer such as batch_inference knows which model and version to use.
+        for outlet in self.outlets:
+            context["outlet_events"][outlet].extra = {
+                "model_name": move.model_name,
+                "alias": move.alias,
+                "version": move.to_version,
+                "previous_version": move.from_version,
+                "reason": move.reason[:500],
+            }
         return move.to_summary()
 
 

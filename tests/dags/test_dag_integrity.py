@@ -61,7 +61,9 @@ def test_llm_finetune_order(dagbag):
     order = [
         "validate_params",
         "resolve_base_model",
+        "merge_feedback",
         "prepare_data",
+        "skip_unchanged",
         "validate_data",
         "materialize_dataset",
         "train",
@@ -75,6 +77,27 @@ def test_llm_finetune_order(dagbag):
     for upstream, downstream in zip(order, order[1:], strict=False):
         assert downstream in dag.get_task(upstream).downstream_task_ids, (upstream, downstream)
     assert dag.max_active_runs == 1, "promotions of two runs must not interleave"
+
+
+def test_the_dags_form_a_loop_through_assets(dagbag):
+    from airflow.sdk import AssetOrTimeSchedule
+    from sparktune_airflow.assets import champion_asset, feedback_asset, training_source_asset
+
+    finetune = dagbag.dags["llm_finetune"]
+    # Retrains on its cron, and when new training data or corrections land.
+    assert isinstance(finetune.timetable, AssetOrTimeSchedule)
+    assert finetune.timetable.timetable.expression == "0 3 * * 1"
+    triggers = {asset.name for asset in finetune.timetable.asset_condition.objects}
+    assert triggers == {training_source_asset().name, feedback_asset().name}
+    # Promotion to champion emits the asset batch_inference is scheduled on...
+    assert finetune.get_task("promote_champion").outlets == [champion_asset()]
+    assert finetune.get_task("promote_staging").outlets == []
+    scoring = dagbag.dags["batch_inference"]
+    assert {a.name for a in scoring.timetable.asset_condition.objects} == {
+        champion_asset().name
+    }
+    # ...and recorded corrections emit the feedback asset that retrains.
+    assert dagbag.dags["record_corrections"].get_task("record").outlets == [feedback_asset()]
 
 
 def test_params_are_flat_typed_and_described(dagbag):

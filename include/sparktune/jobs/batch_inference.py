@@ -48,6 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="ISO timestamp written in scored_at (default: run date, midnight UTC)",
     )
+    parser.add_argument(
+        "--feedback-uri",
+        default=None,
+        help="Feedback table root: the scored rows and their texts also go to <uri>/predictions for review",
+    )
     parser.add_argument("--labels", default=None, help="JSON list of candidate labels (causal LM; optional)")
     parser.add_argument("--summary-path", default=None, help="Local path or file:// URI for the summary JSON")
     return parser.parse_args(argv)
@@ -68,6 +73,19 @@ def _parse_times(args: argparse.Namespace) -> tuple[date, datetime]:
         raise ValueError("; ".join(problems))
     assert run_date is not None and scored_at is not None
     return run_date, scored_at
+
+
+def _write_review_rows(spark, source, args: argparse.Namespace, run_date: date) -> int:
+    """The predictions just written (read back, not scored again) with their texts, for review."""
+    from pyspark.sql import functions as F
+
+    from sparktune.feedback import write_review_rows
+
+    written = spark.read.parquet(args.output_uri).where(F.col("date") == F.lit(run_date.isoformat()))
+    texts = source.select(
+        F.col(args.id_column).cast("string").alias("id"), F.col(args.text_column).cast("string").alias("text")
+    )
+    return write_review_rows(spark, written.drop("date"), texts, args.feedback_uri, run_date)
 
 
 def main(argv: list[str]) -> int:
@@ -109,6 +127,9 @@ def main(argv: list[str]) -> int:
             scored_at=scored_at,
         )
         rows = write_predictions(scored, args.output_uri, run_date)
+        review_rows = None
+        if args.feedback_uri:
+            review_rows = _write_review_rows(spark, source, args, run_date)
     except (DataPreparationError, InferenceInputError) as exc:
         return bad_input(log, exc, args.summary_path)
     finally:
@@ -120,6 +141,8 @@ def main(argv: list[str]) -> int:
         "output_uri": args.output_uri,
         "partition": f"date={run_date.isoformat()}",
         "rows_written": rows,
+        "feedback_uri": args.feedback_uri,
+        "review_rows": review_rows,
         "min_score": args.min_score,
         "seconds": round(seconds, 3),
     }

@@ -1,0 +1,358 @@
+"""The feedback loop: scored rows and human corrections in one feedback table, merged into training data.
+
+Layout of the feedback table (``feedback_uri``, default ``<lake>/feedback``; an Airflow Asset):
+
+- ``predictions/date=<day>/``: what batch inference scored that day, with the text, so a reviewer
+  (or a labelling tool) can correct it: ``id, text, prediction, score, model_name, model_version,
+  scored_at``. Written by :func:`write_review_rows`, overwriting its own day like the predictions.
+- ``corrections/batch=<id>/``: human corrections, ``id, text, label, corrected_at, prediction,
+  model_version``. Written by :func:`record_corrections` from a file of ``id, label`` rows (the text
+  is looked up in ``predictions/`` when the file has none); a batch id is written once, so a rerun
+  replaces its own batch.
+
+:func:`merge_feedback` builds the next training data version: the training source plus every
+corrected row whose text the source does not already hold (compared by the dedupe key of
+``sparktune.prepare``, :func:`~sparktune.prepare.content_key`, over ALL splits: a corrected text
+that sits in the test split is never added again, so nothing leaks from test into train). Among
+several corrections of one text the latest wins. The result is written once per content under
+``<versions_root>/<version>`` as Parquet; without new rows the source is returned unchanged, so
+its data fingerprint, and the decision to skip training, stay the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import asdict, dataclass
+from datetime import date, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+PREDICTIONS_DIR = "predictions"
+CORRECTIONS_DIR = "corrections"
+REVIEW_COLUMNS = ("id", "text", "prediction", "score", "model_name", "model_version", "scored_at")
+CORRECTION_COLUMNS = ("id", "text", "label", "corrected_at", "prediction", "model_version")
+VERSION_MARKER = "_SPARKTUNE_SOURCE.json"
+
+
+class FeedbackError(ValueError):
+    """Corrections or a feedback table that cannot be used; the message says how to fix it."""
+
+
+def _path_exists(spark: SparkSession, uri: str) -> bool:
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+
+
+def _has_parquet(spark: SparkSession, uri: str) -> bool:
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return False
+    files = fs.listFiles(path, True)
+    while files.hasNext():
+        if files.next().getPath().getName().endswith(".parquet"):
+            return True
+    return False
+
+
+# ------------------------------------------------------------------------------------ review rows
+
+
+def write_review_rows(
+    spark: SparkSession,
+    predictions: DataFrame,
+    source: DataFrame,
+    feedback_uri: str,
+    run_date: date,
+) -> int:
+    """Predictions of one run with their texts -> ``feedback_uri/predictions/date=<run_date>``.
+
+    ``predictions`` has :data:`sparktune.inference.OUTPUT_COLUMNS`; ``source`` has ``id`` and
+    ``text`` (strings). The day's partition is overwritten, other days stay. Returns the rows written.
+    """
+    from pyspark.sql import functions as F
+
+    texts = source.select("id", "text").dropDuplicates(["id"])
+    rows = (
+        predictions.select("id", "prediction", "score", "model_name", "model_version", "scored_at")
+        .join(texts, "id", "left")
+        .select(*REVIEW_COLUMNS)
+        .withColumn("date", F.lit(run_date.isoformat()).cast("date"))
+    ).persist()
+    try:
+        count = rows.count()
+        (
+            rows.write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy("date")
+            .parquet(f"{feedback_uri.rstrip('/')}/{PREDICTIONS_DIR}")
+        )
+    finally:
+        rows.unpersist()
+    log.info("Wrote %d rows for review to %s/%s/date=%s", count, feedback_uri, PREDICTIONS_DIR, run_date)
+    return count
+
+
+# ------------------------------------------------------------------------------------ corrections
+
+
+@dataclass(frozen=True)
+class CorrectionsResult:
+    corrections_uri: str
+    batch_uri: str
+    rows: int
+    labels: dict[str, int]
+
+    def to_summary(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def record_corrections(
+    spark: SparkSession,
+    corrections_uri: str,
+    feedback_uri: str,
+    batch_id: str,
+    *,
+    source_format: str = "auto",
+    known_labels: list[str] | None = None,
+    corrected_at: datetime,
+) -> CorrectionsResult:
+    """Validate a file of human corrections and add it to the feedback table as batch ``batch_id``.
+
+    The file needs ``id`` and ``label`` columns; ``text`` and ``corrected_at`` are optional (a
+    missing text is looked up in the feedback table's scored rows by id, a missing time is
+    ``corrected_at``). Every problem is reported at once: missing columns, blank labels, labels
+    outside ``known_labels`` (when given), ids that were never scored and have no text.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from sparktune.prepare import load_source
+
+    raw = load_source(spark, corrections_uri, source_format)
+    columns = {c.lower(): c for c in raw.columns}
+    missing = [c for c in ("id", "label") if c not in columns]
+    if missing:
+        raise FeedbackError(
+            f"The corrections at {corrections_uri} have no column {' and no '.join(map(repr, missing))} "
+            f"(it has {raw.columns}). Fix: one row per corrected example with the scored row's 'id' and the "
+            "right 'label' (optional: 'text', 'corrected_at')."
+        )
+
+    def optional(name: str, cast: str):
+        return F.col(columns[name]).cast(cast) if name in columns else F.lit(None).cast(cast)
+
+    corrections = raw.select(
+        F.trim(F.col(columns["id"]).cast("string")).alias("id"),
+        F.trim(F.col(columns["label"]).cast("string")).alias("label"),
+        optional("text", "string").alias("given_text"),
+        F.coalesce(optional("corrected_at", "timestamp"), F.lit(corrected_at).cast("timestamp")).alias(
+            "corrected_at"
+        ),
+    ).persist()
+    try:
+        problems: list[str] = []
+        blank = corrections.where(
+            F.col("id").isNull() | (F.col("id") == "") | F.col("label").isNull() | (F.col("label") == "")
+        ).count()
+        if blank:
+            problems.append(f"{blank} rows have a blank id or label")
+        if known_labels:
+            unknown = [
+                r["label"]
+                for r in corrections.where(~F.col("label").isin(list(known_labels)) & (F.col("label") != ""))
+                .select("label")
+                .distinct()
+                .limit(10)
+                .collect()
+            ]
+            if unknown:
+                problems.append(
+                    f"labels the model does not know: {sorted(unknown)} (known: {sorted(known_labels)}); "
+                    "a new label needs a training source that has examples of it"
+                )
+        scored = _latest_scored(spark, feedback_uri)
+        if scored is None:
+            joined = corrections.select(
+                "*",
+                F.lit(None).cast("string").alias("text"),
+                F.lit(None).cast("string").alias("prediction"),
+                F.lit(None).cast("string").alias("model_version"),
+            )
+        else:
+            joined = corrections.join(scored, "id", "left")
+        joined = joined.withColumn("text", F.coalesce("given_text", "text"))
+        orphans = [r["id"] for r in joined.where(F.col("text").isNull()).select("id").limit(5).collect()]
+        if orphans:
+            n = joined.where(F.col("text").isNull()).count()
+            problems.append(
+                f"{n} ids were never scored into {feedback_uri}/{PREDICTIONS_DIR} and have no 'text' "
+                f"column value (e.g. {orphans}); add a 'text' column or correct scored rows only"
+            )
+        if problems:
+            raise FeedbackError(
+                f"Cannot record the corrections at {corrections_uri}:\n- " + "\n- ".join(problems)
+            )
+        # One row per id in a batch: the latest correction of an id wins.
+        latest = Window.partitionBy("id").orderBy(F.col("corrected_at").desc(), F.col("label"))
+        rows = (
+            joined.withColumn("_n", F.row_number().over(latest))
+            .where("_n = 1")
+            .select(*CORRECTION_COLUMNS)
+            .persist()
+        )
+        batch_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}/batch={_safe(batch_id)}"
+        rows.write.mode("overwrite").parquet(batch_uri)
+        counts = {r["label"]: int(r["count"]) for r in rows.groupBy("label").count().collect()}
+        rows.unpersist()
+    finally:
+        corrections.unpersist()
+    total = sum(counts.values())
+    log.info("Recorded %d corrections from %s into %s", total, corrections_uri, batch_uri)
+    return CorrectionsResult(corrections_uri=corrections_uri, batch_uri=batch_uri, rows=total, labels=counts)
+
+
+def _latest_scored(spark: SparkSession, feedback_uri: str) -> DataFrame | None:
+    """id -> text, prediction and model version of the latest scoring of that id, or None."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    uri = f"{feedback_uri.rstrip('/')}/{PREDICTIONS_DIR}"
+    if not _has_parquet(spark, uri):
+        return None
+    latest = Window.partitionBy("id").orderBy(F.col("scored_at").desc())
+    return (
+        spark.read.parquet(uri)
+        .withColumn("_n", F.row_number().over(latest))
+        .where("_n = 1")
+        .select("id", "text", "prediction", "model_version")
+    )
+
+
+def _safe(value: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)[:200]
+
+
+# ------------------------------------------------------------------------------------ merge
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """The source the next training run reads, and what feedback added to it."""
+
+    source_uri: str
+    source_format: str
+    base_source_uri: str
+    corrections: int
+    already_in_source: int
+    added_rows: int
+    version: str
+
+    def to_summary(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def merge_feedback(
+    spark: SparkSession,
+    source: DataFrame,
+    *,
+    source_uri: str,
+    source_format: str,
+    feedback_uri: str,
+    versions_root: str,
+    text_column: str,
+    label_column: str,
+    quality_column: str = "",
+    id_column: str = "",
+    timestamp_column: str = "",
+) -> MergeResult:
+    """The training source plus the corrected rows it does not hold yet, as a new data version.
+
+    ``source`` is the training source as read from ``source_uri``. Corrected rows get the source's
+    column names: the text and label columns, ``quality_column`` = 1.0 (a person checked the
+    label), ``id_column`` = the scored row's id, ``timestamp_column`` = the correction time; the
+    source's other columns are null. Nothing new: the source itself comes back, unchanged.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from sparktune.prepare import content_key
+
+    unchanged = MergeResult(source_uri, source_format, source_uri, 0, 0, 0, "")
+    corrections_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}"
+    if not _has_parquet(spark, corrections_uri):
+        log.info("No corrections under %s: the training source is used as it is.", corrections_uri)
+        return unchanged
+    missing = [c for c in (text_column, label_column) if c not in source.columns]
+    if missing:
+        raise FeedbackError(
+            f"The training source {source_uri} has no column {missing}; the feedback merge maps "
+            f"corrections onto text_column={text_column!r} and label_column={label_column!r}."
+        )
+    corrections = spark.read.parquet(corrections_uri).withColumn("_key", content_key(F.col("text")))
+    latest = Window.partitionBy("_key").orderBy(F.col("corrected_at").desc(), F.col("label"))
+    corrections = corrections.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
+    known = source.select(content_key(F.col(text_column)).alias("_key")).distinct()
+    new = corrections.join(known, "_key", "left_anti").persist()
+    try:
+        total = corrections.count()
+        added = new.count()
+        if added == 0:
+            log.info("All %d corrected texts are already in %s: nothing to add.", total, source_uri)
+            return MergeResult(source_uri, source_format, source_uri, total, total, 0, "")
+        keys = sorted(r["_key"] + ":" + r["label"] for r in new.select("_key", "label").collect())
+        version = hashlib.sha256(json.dumps([source_uri, keys]).encode()).hexdigest()[:16]
+        target = f"{versions_root.rstrip('/')}/{version}"
+        if not _path_exists(spark, f"{target}/{VERSION_MARKER}"):
+            schema = dict(source.dtypes)
+
+            def as_source(value: Any, column: str):
+                return value.cast(source.schema[column].dataType) if column in schema else value
+
+            mapped = {
+                text_column: F.col("text"),
+                label_column: F.col("label"),
+            }
+            if quality_column and quality_column in schema:
+                mapped[quality_column] = F.lit(1.0)
+            if id_column and id_column in schema:
+                mapped[id_column] = F.col("id")
+            if timestamp_column and timestamp_column in schema:
+                mapped[timestamp_column] = F.col("corrected_at")
+            added_rows = new.select(*[as_source(value, name).alias(name) for name, value in mapped.items()])
+            merged = source.unionByName(added_rows, allowMissingColumns=True)
+            merged.write.mode("overwrite").parquet(target)
+            _write_marker(spark, target, source_uri, total, added)
+        else:
+            log.info("Data version %s already written: reused.", target)
+    finally:
+        new.unpersist()
+    log.info(
+        "Feedback: %d corrected texts, %d already in the source, %d added -> %s",
+        total,
+        total - added,
+        added,
+        target,
+    )
+    return MergeResult(target, "parquet", source_uri, total, total - added, added, version)
+
+
+def _write_marker(spark: SparkSession, target: str, source_uri: str, corrections: int, added: int) -> None:
+    """Written last: a version folder without it is a crashed write and is rebuilt."""
+    record = json.dumps({"base_source_uri": source_uri, "corrections": corrections, "added_rows": added})
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{target}/{VERSION_MARKER}")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    stream = fs.create(path, True)
+    try:
+        stream.write(bytearray(record.encode()))
+    finally:
+        stream.close()

@@ -1,0 +1,166 @@
+"""The feedback table on a real local Spark: review rows, recorded corrections, and the merge into a
+new training data version (deduplicated against every split of the source)."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+import pytest
+from sparktune.feedback import (
+    CORRECTIONS_DIR,
+    FeedbackError,
+    merge_feedback,
+    record_corrections,
+    write_review_rows,
+)
+
+WHEN = datetime(2026, 11, 20, 9, 30, tzinfo=timezone.utc)
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _scored(spark, feedback: str, day: date, rows: list[tuple[str, str, str]]) -> None:
+    """Review rows as batch inference leaves them: (id, text, prediction)."""
+    predictions = spark.createDataFrame(
+        [(i, p, 0.9, "m", "3", "champion", "fp", WHEN) for i, _, p in rows],
+        "id string, prediction string, score double, model_name string, model_version string, "
+        "model_alias string, data_fingerprint string, scored_at timestamp",
+    )
+    texts = spark.createDataFrame([(i, t) for i, t, _ in rows], "id string, text string")
+    write_review_rows(spark, predictions, texts, feedback, day)
+
+
+def test_review_rows_carry_the_text_and_a_rerun_replaces_its_day(spark, tmp_path):
+    feedback = str(tmp_path / "feedback")
+    rows = [("a", "where is my parcel", "shipping"), ("b", "refund me please", "refund")]
+    _scored(spark, feedback, date(2026, 11, 20), rows)
+    _scored(spark, feedback, date(2026, 11, 20), rows)  # the same run again
+    _scored(spark, feedback, date(2026, 11, 21), rows[:1])  # another day stays beside it
+    written = spark.read.parquet(f"{feedback}/predictions")
+    assert written.count() == 3
+    day = {r["id"]: r["text"] for r in written.where("date = '2026-11-20'").collect()}
+    assert day == {"a": "where is my parcel", "b": "refund me please"}
+
+
+def test_corrections_take_the_scored_text_and_the_latest_label_per_id(spark, tmp_path):
+    feedback = str(tmp_path / "feedback")
+    _scored(spark, feedback, date(2026, 11, 20), [("a", "where is my parcel", "refund")])
+    corrections = _jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"id": "a", "label": "billing", "corrected_at": "2026-11-20T10:00:00"},
+            {"id": "a", "label": "shipping", "corrected_at": "2026-11-20T11:00:00"},
+            {"id": "z", "label": "refund", "text": "I want my money back"},
+        ],
+    )
+    result = record_corrections(
+        spark,
+        corrections,
+        feedback,
+        "record_corrections__run1",
+        known_labels=["shipping", "refund", "billing"],
+        corrected_at=WHEN,
+    )
+    assert result.rows == 2 and result.labels == {"shipping": 1, "refund": 1}
+    batch = {r["id"]: r for r in spark.read.parquet(result.batch_uri).collect()}
+    assert batch["a"]["text"] == "where is my parcel" and batch["a"]["label"] == "shipping"
+    assert batch["a"]["prediction"] == "refund" and batch["a"]["model_version"] == "3"
+    assert batch["z"]["text"] == "I want my money back"
+    # The same run again replaces its batch instead of adding one.
+    record_corrections(spark, corrections, feedback, "record_corrections__run1", corrected_at=WHEN)
+    assert spark.read.parquet(f"{feedback}/{CORRECTIONS_DIR}").count() == 2
+
+
+def test_bad_corrections_are_refused_with_every_problem(spark, tmp_path):
+    feedback = str(tmp_path / "feedback")
+    _scored(spark, feedback, date(2026, 11, 20), [("a", "where is my parcel", "refund")])
+    bad = _jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"id": "a", "label": "teleportation"},
+            {"id": "never-scored", "label": "refund"},
+            {"id": "a", "label": " "},
+        ],
+    )
+    with pytest.raises(FeedbackError) as caught:
+        record_corrections(spark, bad, feedback, "b1", known_labels=["shipping", "refund"], corrected_at=WHEN)
+    message = str(caught.value)
+    assert "teleportation" in message and "known: ['refund', 'shipping']" in message
+    assert "never-scored" in message and "add a 'text' column" in message
+    assert "1 rows have a blank id or label" in message
+    assert not (Path(feedback) / CORRECTIONS_DIR).exists()
+
+    no_label = _jsonl(tmp_path / "nolabel.jsonl", [{"id": "a", "intent": "refund"}])
+    with pytest.raises(FeedbackError, match="no column 'label'"):
+        record_corrections(spark, no_label, feedback, "b2", corrected_at=WHEN)
+
+
+SOURCE = [
+    {"message": "Where is my parcel?", "intent_label": "shipping", "quality_score": 0.9, "channel": "web"},
+    {"message": "Refund me please", "intent_label": "refund", "quality_score": 0.95, "channel": "mail"},
+]
+
+
+def _merge(spark, tmp_path, source_path: str):
+    source = spark.read.json(source_path)
+    return merge_feedback(
+        spark,
+        source,
+        source_uri=source_path,
+        source_format="json",
+        feedback_uri=str(tmp_path / "feedback"),
+        versions_root=str(tmp_path / "sources"),
+        text_column="message",
+        label_column="intent_label",
+        quality_column="quality_score",
+    )
+
+
+def test_merge_adds_only_texts_the_source_does_not_hold_as_a_new_version(spark, tmp_path):
+    source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
+    assert _merge(spark, tmp_path, source_path).source_uri == source_path  # no feedback yet: unchanged
+    corrections = _jsonl(
+        tmp_path / "c.jsonl",
+        [
+            # Already in the source (whatever its split, test included): never added again.
+            {"id": "x1", "label": "billing", "text": "  where IS my   parcel?"},
+            {
+                "id": "x2",
+                "label": "billing",
+                "text": "I was charged twice",
+                "corrected_at": "2026-11-20T08:00:00",
+            },
+            {
+                "id": "x3",
+                "label": "refund",
+                "text": "i was charged  twice",
+                "corrected_at": "2026-11-20T09:00:00",
+            },
+        ],
+    )
+    record_corrections(spark, corrections, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+
+    merged = _merge(spark, tmp_path, source_path)
+    assert (merged.corrections, merged.already_in_source, merged.added_rows) == (2, 1, 1)
+    assert merged.source_format == "parquet" and merged.source_uri.startswith(str(tmp_path / "sources"))
+    rows = spark.read.parquet(merged.source_uri).collect()
+    assert len(rows) == 3
+    [added] = [r for r in rows if r["message"] not in {s["message"] for s in SOURCE}]
+    # The latest correction of one text wins; a person checked it, so its quality is 1.0.
+    assert added["intent_label"] == "refund" and added["quality_score"] == 1.0 and added["channel"] is None
+    # Same source, same corrections: the same version, reused, so the data fingerprint stays.
+    again = _merge(spark, tmp_path, source_path)
+    assert again.source_uri == merged.source_uri and again.version == merged.version
+
+
+def test_merge_with_only_known_texts_keeps_the_source(spark, tmp_path):
+    source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
+    known = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "billing", "text": "Refund me please"}])
+    record_corrections(spark, known, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+    result = _merge(spark, tmp_path, source_path)
+    assert result.source_uri == source_path and result.added_rows == 0 and result.already_in_source == 1
