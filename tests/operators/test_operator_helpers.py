@@ -52,6 +52,8 @@ def test_config_hash_follows_every_param():
     base = parse_params({})
     assert config_hash(base) == config_hash(parse_params({}))
     assert config_hash(base) != config_hash(parse_params({"lora_r": 8}))
+    # Run switches say whether to train, not what: flipping them must not look like a new config.
+    assert config_hash(base) == config_hash(parse_params({"force_retrain": True, "merge_feedback": False}))
 
 
 def _published_dataset(root, fingerprint: str) -> None:

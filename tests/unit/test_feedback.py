@@ -4,7 +4,7 @@ new training data version (deduplicated against every split of the source)."""
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from sparktune.feedback import (
     write_review_rows,
 )
 
-WHEN = datetime(2026, 11, 20, 9, 30, tzinfo=timezone.utc)
+WHEN = datetime(2026, 11, 20, 9, 30, tzinfo=UTC)
 
 
 def _jsonl(path: Path, rows: list[dict]) -> str:

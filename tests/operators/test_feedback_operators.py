@@ -1,0 +1,39 @@
+"""What the loop's operators read from the run context: the triggering champion event, the run day."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import SimpleNamespace
+
+from airflow.sdk import Asset
+from sparktune_airflow.assets import champion_asset, feedback_asset
+from sparktune_airflow.feedback_operators import champion_event, run_day
+
+
+def _event(extra: dict, minute: int) -> SimpleNamespace:
+    return SimpleNamespace(extra=extra, timestamp=datetime(2026, 11, 23, 10, minute, tzinfo=UTC))
+
+
+def test_the_newest_champion_event_names_the_model_and_other_assets_are_ignored():
+    events = {
+        feedback_asset(): [_event({"model_name": "not-a-champion"}, 59)],
+        champion_asset(): [
+            _event({"model_name": "intent", "version": "3"}, 1),
+            _event({"model_name": "intent", "version": "4"}, 5),
+            _event({"model_name": "intent", "version": "2"}, 0),
+        ],
+    }
+    assert champion_event({"triggering_asset_events": events}) == {"model_name": "intent", "version": "4"}
+    # A manual or scheduled run has no triggering events: the DAG's params decide.
+    assert champion_event({"triggering_asset_events": {}}) is None
+    assert champion_event({}) is None
+    assert champion_event({"triggering_asset_events": {Asset("other"): [_event({}, 1)]}}) is None
+
+
+def test_run_day_is_the_logical_date_or_when_the_run_was_due():
+    logical = datetime(2026, 11, 22, 23, 59, tzinfo=UTC)
+    due = datetime(2026, 11, 23, 0, 5, tzinfo=UTC)
+    run = SimpleNamespace(run_after=due)
+    assert run_day({"logical_date": logical, "dag_run": run}) == "2026-11-22"
+    # Asset-triggered runs have no logical date in Airflow 3.
+    assert run_day({"logical_date": None, "dag_run": run}) == "2026-11-23"
