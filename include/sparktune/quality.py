@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparktune.params import InvalidParamsError, PipelineParams, default_params
+from sparktune.params import PARAM_SPECS, InvalidParamsError, PipelineParams, default_params
 
 if TYPE_CHECKING:
     from great_expectations import Checkpoint
@@ -188,15 +188,31 @@ def quality_rules(params: PipelineParams, labels: Sequence[str] | None = None) -
     return _with_severity(_prepared_rules(params, labels), params)
 
 
+def _every_column_params() -> PipelineParams:
+    """Defaults with every optional column named, so every rule there can be is built."""
+    # Built from unchecked defaults, not parse_params: params validation may call this.
+    return PipelineParams(
+        **{**default_params(), "quality_column": "q", "id_column": "id", "timestamp_column": "ts"}
+    )
+
+
 @functools.cache
 def rule_names() -> tuple[str, ...]:
     """Every rule name there is (raw and prepared, optional columns included)."""
-    # Built from unchecked defaults, not parse_params: params validation may call this.
-    every_column = PipelineParams(
-        **{**default_params(), "quality_column": "q", "id_column": "id", "timestamp_column": "ts"}
-    )
+    every_column = _every_column_params()
     rules = _raw_rules(every_column) + _prepared_rules(every_column, labels=("x",))
     return tuple(rule.name for rule in rules)
+
+
+@functools.cache
+def raw_rule_params() -> tuple[str, ...]:
+    """The params a validation of a raw source alone reads, in trigger-form order: where the source
+    is and how to read it, the columns and thresholds of :func:`raw_rules`, and which rules only warn.
+    """
+    used = {"source_uri", "source_format", "quality_warning_rules"}
+    for rule in _raw_rules(_every_column_params()):
+        used.update(name.strip() for name in (rule.param or "").split(",") if name.strip())
+    return tuple(spec.name for spec in PARAM_SPECS if spec.name in used)
 
 
 def warning_rules(params: PipelineParams) -> frozenset[str]:

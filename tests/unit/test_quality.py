@@ -25,6 +25,7 @@ from sparktune.quality import (
     QualityRule,
     format_failures,
     quality_rules,
+    raw_rule_params,
     raw_rules,
     rule_names,
     run_quality_gate,
@@ -245,6 +246,19 @@ def test_raw_rules_cover_configured_columns():
     # Optional columns left empty have no rule.
     assert "raw_id_column" not in {r.name for r in raw_rules(parse_params({}))}
     assert set(rule_names()) >= set(by_name) | {r.name for r in quality_rules(PARAMS, labels=["a"])}
+    # A report over a raw source alone asks for exactly the params these rules read, and the source's.
+    assert raw_rule_params() == (
+        "source_uri",
+        "source_format",
+        "text_column",
+        "label_column",
+        "quality_column",
+        "id_column",
+        "timestamp_column",
+        "min_rows",
+        "max_null_rate",
+        "quality_warning_rules",
+    )
 
 
 def test_known_labels_add_a_closed_set_rule():
