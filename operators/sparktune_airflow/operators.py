@@ -107,7 +107,13 @@ def _actor(context: Any) -> str:
 
 
 class ValidateParamsOperator(BaseOperator):
-    """Checks every param before any work starts; the error lists all problems at once."""
+    """Checks every param before any work starts; the error lists all problems at once.
+
+    Returns ``{"config_hash": ...}``: the hash of what the run trains with.
+
+    :param pipeline_params: (templated) the params to check, a dict of flat values; default (None):
+        the DAG run's params. Missing names take their defaults from ``sparktune.params``.
+    """
 
     template_fields: Sequence[str] = ("pipeline_params",)
 
@@ -128,7 +134,13 @@ def config_hash(params: PipelineParams) -> str:
 
 
 class ResolveBaseModelOperator(BaseOperator):
-    """Returns a loadable base model reference; builds the built-in tiny model once when it is asked for."""
+    """Returns a loadable base model reference; builds the built-in tiny model once when it is asked for.
+
+    :param base_model: (templated) a Hugging Face hub id (returned unchanged, nothing downloaded), a
+        local model folder (checked for a ``config.json``), or ``tiny-llama``: the built-in model,
+        built under ``$SPARKTUNE_HOME/models/base/`` the first time. An empty or unusable value fails
+        the task at once.
+    """
 
     template_fields: Sequence[str] = ("base_model",)
 
@@ -151,7 +163,22 @@ class PrepareDataOperator(SparkSubmitOperator):
     """Submits the preparation job (filter, dedupe, format, count tokens, split) through spark-submit.
 
     The job runs wherever the ``spark_default`` connection points (``local[*]``, a standalone
-    master, YARN, Kubernetes) and writes a small summary file that this operator returns.
+    master, YARN, Kubernetes) and writes a small summary file that this operator returns
+    (``prepared_uri``, ``data_fingerprint``, ``labels``, rows in and out of every step).
+
+    :param tokenizer: (templated) the tokenizer that counts tokens: a hub id or model folder,
+        usually what ``ResolveBaseModelOperator`` returned.
+    :param pipeline_params: (templated) columns and preparation recipe (filters, template, split
+        seed); default (None): the DAG run's params. Missing names take their defaults.
+    :param lake_uri: where the prepared splits and quarantined rows go, keyed by fingerprint;
+        default ``$SPARKTUNE_LAKE_URI`` or ``$SPARKTUNE_HOME/lake``.
+    :param source_uri: (templated) read this instead of the params' ``source_uri`` (for example
+        ``MergeFeedbackOperator``'s new data version).
+    :param source_format: (templated) the format of that source (``auto``, ``parquet``, ``csv``,
+        ``json``, ``table``); default: the params'.
+    :param conn_id: the Spark connection spark-submit runs against (default ``spark_default``).
+
+    Other keyword arguments go to ``SparkSubmitOperator`` (``conf``, ``executor_memory``, ...).
     """
 
     template_fields: Sequence[str] = (
@@ -268,8 +295,30 @@ def _quality_gate(
 class SparkQualityGateOperator(PySparkOperator):
     """Great Expectations on Spark over a source table and, optionally, its prepared rows.
 
+    With ``prepared_uri`` (``llm_finetune``'s ``validate_data``) every rule of the gate runs: raw
+    input, prepared rows, per-label counts. Without it only the raw-input rules run, over any table
+    (the ``data_quality_report`` DAG). Each run updates Data Docs. Returns the quality summary
+    (``success``, ``failures``, ``issues``, ``data_docs_uri``, ``data_docs_index_uri``, ...) and
+    the ``source_uri`` it validated.
+
     Reuses the Spark provider's ``PySparkOperator`` for the session, so the master and Spark
     settings come from the ``spark_default`` connection like every other Spark task.
+
+    :param prepared_uri: (templated) the prepared Parquet ``PrepareDataOperator`` wrote; None or
+        empty: validate the source alone.
+    :param source_uri: (templated) the raw table or path (Parquet, CSV, JSON Lines, or a catalog
+        table); default (None): the params' ``source_uri`` (empty there: the demo data).
+    :param pipeline_params: (templated) columns and rule thresholds (``text_column``,
+        ``label_column``, ``min_rows``, ``max_null_rate``, ``quality_warning_rules``, ...);
+        default (None): the DAG run's params. Missing names take their defaults.
+    :param gx_root: (templated) the Great Expectations project folder; default ``$SPARKTUNE_HOME/gx``.
+    :param fail_on_error: (templated) True (default): a failed error rule fails the task at once,
+        without retries, in one message listing every failed rule. False: the task succeeds and the
+        failures are in the log, the returned summary and Data Docs (a report). The strings
+        ``"true"`` and ``"false"`` are accepted.
+    :param raw_suite_name: (templated) the GX suite the raw input is validated under; default
+        ``raw_input``. A name of its own keeps a report's runs apart from the pipeline's in Data Docs.
+    :param conn_id: the Spark connection of the session (default ``spark_default``).
     """
 
     template_fields: Sequence[str] = (*PySparkOperator.template_fields, "prepared_uri", "source_uri")
@@ -314,6 +363,30 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
                                    datasets_root="s3://bucket/datasets", label_column="intent")
 
     ``dataset_mode="streaming"`` builds nothing: training then streams the Parquet shards.
+
+    Returns ``dataset_uri``, ``data_fingerprint``, rows and shards per split, ``labels``, ``reused``.
+
+    :param source: (templated) a Parquet, CSV or JSON Lines path or URI, or a catalog table.
+    :param datasets_root: (templated) where datasets go, any fsspec URI the driver and executors
+        share; default ``<lake>/datasets``, the lake being ``$SPARKTUNE_LAKE_URI`` or
+        ``$SPARKTUNE_HOME/lake``.
+    :param data_fingerprint: (templated) the data version's key; a version already published
+        returns at once. None: the content fingerprint is computed first (one Spark pass).
+    :param label_column: the column typed as a ``ClassLabel``; None keeps labels as they are.
+    :param label_names: (templated) the ``ClassLabel`` names, in order; default (None): the sorted
+        distinct labels of the data. A label outside the list fails the task.
+    :param split_column: the column naming each row's split, dropped from the features; None, or a
+        source without that column: every row goes to ``train``.
+    :param splits: the splits every dataset must have (a split with no rows is written empty);
+        default (None): the splits found.
+    :param source_format: ``auto`` (by extension; a name without a path separator is a table),
+        ``parquet``, ``csv``, ``json`` or ``table``.
+    :param dataset_mode: (templated) ``materialized`` (default) or ``streaming``.
+    :param storage_options: fsspec options for the source and ``datasets_root`` (credentials
+        come from the environment).
+    :param conn_id: the Spark connection spark-submit runs against (default ``spark_default``).
+
+    Other keyword arguments go to ``SparkSubmitOperator``.
     """
 
     template_fields: Sequence[str] = (
@@ -449,7 +522,24 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
     The submission key is dag/run/task + data fingerprint + config hash. A retry reattaches to
     the live process or Databricks run of its key instead of starting a second one, reuses a
     finished MLflow run, and otherwise resumes from the key's last checkpoint into the same
-    MLflow run. ``on_kill`` stops the process or cancels the Databricks run.
+    MLflow run. ``on_kill`` stops the process or cancels the Databricks run. Returns the finished
+    MLflow run's ``train_result.json`` (``mlflow_run_id``, training metrics). MLflow is the one
+    at ``MLFLOW_TRACKING_URI``.
+
+    :param dataset_uri: (templated) the ``DatasetDict`` folder ``MaterializeDatasetOperator`` wrote
+        (with ``dataset_mode=streaming``: the prepared Parquet).
+    :param base_model: (templated) what ``ResolveBaseModelOperator`` returned.
+    :param data_fingerprint: (templated) the data version: part of the submission key, tagged on
+        the MLflow run.
+    :param pipeline_params: (templated) the training recipe and ``train_backend``, ``num_workers``,
+        ``databricks_*``; default (None): the DAG run's params. Missing names take their defaults.
+    :param spark_conn_id: the Spark connection of ``train_backend=spark`` (default ``spark_default``).
+    :param spark_conf: extra Spark conf for that spark-submit.
+    :param databricks_conn_id: the Databricks connection of ``train_backend=databricks`` (default
+        ``databricks_default``).
+    :param deferrable: with ``train_backend=databricks``, wait in the triggerer instead of a worker
+        slot; default: ``[operators] default_deferrable``.
+    :param polling_period_seconds: how often a Databricks run's state is checked (default 30).
     """
 
     template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
@@ -634,7 +724,19 @@ def experiment_name(model_name: str) -> str:
 
 
 class RegisterModelOperator(BaseOperator):
-    """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``."""
+    """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``.
+
+    Returns ``model_name``, ``version`` and the alias move. MLflow is the one at ``MLFLOW_TRACKING_URI``.
+
+    :param run_id: (templated) the MLflow run whose ``model`` is registered.
+    :param model_name: (templated) the registered model name.
+    :param tags: (templated) version tags (values made strings); the run's code version and the
+        prepared labels are added when known.
+    :param run_artifacts: (templated) name -> JSON-able record, logged to the run as
+        ``pipeline/<name>.json``.
+    :param run_files: (templated) artifact folder -> local files (a list, or a dict whose values are
+        the files), logged to the run, e.g. the Data Docs pages; missing files are skipped.
+    """
 
     template_fields: Sequence[str] = ("run_id", "model_name", "tags", "run_artifacts", "run_files")
 
@@ -698,7 +800,16 @@ class RegisterModelOperator(BaseOperator):
 
 
 class EvaluateModelOperator(BaseOperator):
-    """Challenger and current champion on the same frozen test split; metrics to the challenger's run."""
+    """Challenger and current champion on the same frozen test split; metrics to the challenger's run.
+
+    Returns both models' flat metrics and versions (the champion's are None when there is none).
+
+    :param model_name: (templated) the registered model name; its ``champion`` alias is the baseline.
+    :param version: (templated) the challenger's version.
+    :param dataset_uri: (templated) the ``DatasetDict`` whose ``test`` split both are scored on.
+    :param run_id: (templated) the MLflow run that receives the metrics (the champion's prefixed
+        ``champion_``), the result JSONs and confusion matrices under ``evaluation/``.
+    """
 
     template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id")
 
@@ -767,7 +878,15 @@ class EvaluateModelOperator(BaseOperator):
 
 
 class PromotionGateOperator(BaseOperator, SkipMixin):
-    """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly)."""
+    """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly).
+
+    Returns the decision, its reasons and the champion version it compared against.
+
+    :param evaluation: (templated) what ``EvaluateModelOperator`` returned.
+    :param run_id: (templated) the MLflow run tagged with the decision, mode and reasons.
+    :param pipeline_params: (templated) ``gate_mode``, ``min_accuracy``, ``max_eval_loss``,
+        ``max_regression``; default (None): the DAG run's params.
+    """
 
     template_fields: Sequence[str] = ("evaluation", "run_id", "pipeline_params")
 
@@ -809,7 +928,21 @@ class PromotionGateOperator(BaseOperator, SkipMixin):
 
 
 class PromoteModelOperator(BaseOperator):
-    """Moves one alias to the challenger; for ``champion`` it first checks nobody promoted in between."""
+    """Moves one alias to the challenger; for ``champion`` it first checks nobody promoted in between.
+
+    Every move is written to the audit log (MLflow experiment ``sparktune-registry-audit``) with
+    this task as the actor. Returns the move.
+
+    :param model_name: (templated) the registered model name.
+    :param version: (templated) the version the alias moves to.
+    :param alias: the alias to move (``staging``, ``champion``, ...); moving ``champion`` keeps
+        the old one as ``previous_champion``.
+    :param expected_champion: (templated) for ``champion``: the version the gate compared against;
+        if the alias points elsewhere now, the task fails at once and nothing moves.
+    :param reason: (templated) the audit reason; default: "promoted by" this task.
+    :param gate_decision: (templated) the gate's summary; the audit reason then says what the gate
+        decided and in which mode.
+    """
 
     template_fields: Sequence[str] = ("model_name", "version", "expected_champion", "reason", "gate_decision")
 
@@ -874,6 +1007,15 @@ class SmokeTestOperator(BaseOperator):
     Every answer must be a label; load time and per-row latency go to the training run and to the
     version's tags. A model that fails stops here (``AirflowFailException``): the alias after it
     (``champion``) never moves to a model users could not call.
+
+    :param model_name: (templated) the registered model name.
+    :param version: (templated) the version ``alias`` must point at; if another run moved it,
+        the task fails at once.
+    :param dataset_uri: (templated) the ``DatasetDict`` the sample rows come from.
+    :param run_id: (templated) the MLflow run that receives the latency metrics.
+    :param alias: the alias loaded, as a user would load it (default ``staging``).
+    :param rows: how many rows are predicted, one by one and as a batch (default 16).
+    :param pipeline_params: (templated) ``smoke_max_invalid_rate``; default (None): the DAG run's params.
     """
 
     template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")

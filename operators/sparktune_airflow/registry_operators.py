@@ -19,6 +19,11 @@ class RollbackChampionOperator(BaseOperator):
     and the old champion becomes ``previous_champion``. A request that cannot succeed (no champion,
     no previous champion, unknown version, version already champion) fails at once without
     retries; a retry of a rollback that already happened changes nothing. Returns the move.
+
+    :param model_name: (templated) the registered model name.
+    :param to_version: (templated) the version to make champion; None or empty: the version the
+        ``previous_champion`` alias points at.
+    :param reason: (templated) recorded in the audit log; default: "rollback requested by" this task.
     """
 
     template_fields: Sequence[str] = ("model_name", "to_version", "reason")

@@ -1,0 +1,42 @@
+"""Every operator documents each of its own parameters in its class docstring (``:param name:``).
+
+The README's "Use the operators in your own DAG" sends users to these docstrings; a parameter added
+without its line fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from airflow.sdk import BaseOperator
+from sparktune_airflow import operators, registry_operators
+
+OPERATORS = sorted(
+    (
+        cls
+        for module in (operators, registry_operators)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, BaseOperator) and cls.__module__ == module.__name__
+    ),
+    key=lambda cls: cls.__name__,
+)
+
+
+def test_the_operators_are_found():
+    names = {cls.__name__ for cls in OPERATORS}
+    assert {"SparkQualityGateOperator", "MaterializeDatasetOperator", "RollbackChampionOperator"} <= names
+    assert len(names) >= 12
+
+
+@pytest.mark.parametrize("operator", OPERATORS, ids=lambda cls: cls.__name__)
+def test_every_own_parameter_has_a_param_line(operator):
+    own = [
+        name
+        for name, parameter in inspect.signature(operator.__init__).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert own, f"{operator.__name__} takes no keyword-only parameters"
+    doc = inspect.getdoc(operator) or ""
+    missing = [name for name in own if f":param {name}:" not in doc]
+    assert not missing, f"{operator.__name__} docstring lacks :param lines for {missing}"
