@@ -22,11 +22,15 @@ keyed by immutable version is downloaded once for all runs.
 
 Scoring. A causal LM (``task=causal_lm``) scores every candidate label: the prompt is built with
 the training run's ``prompt_template`` by :func:`sparktune.prepare.format_example` (the same
-prompt/completion split training used), the completion loss of each candidate (label + eos) comes
-from :func:`sparktune.evaluation.completion_loss`, and the prediction is the candidate with the
-highest log-likelihood; ``score`` is its probability after a softmax over the candidates. This
-never answers outside the label set. A sequence classifier predicts the argmax of its head through
-``config.id2label``; ``score`` is the softmax probability of that label.
+prompt/completion split training used), each candidate (label + eos) gets the summed
+log-likelihood :func:`sparktune.evaluation.completion_loss` would give it, and the prediction is
+the candidate with the highest; ``score`` is its probability after a softmax over the candidates.
+This never answers outside the label set. A batch runs its prompts through the model once and
+reuses their KV cache for every candidate's tokens (one pass over the prompts, one over the
+candidates, instead of a full prompt + candidate pass per label); prompts the fast path cannot
+score exactly (a tokenizer merging the prompt's end with a label, a recurrent or short
+sliding-window cache) go through ``completion_loss`` itself. A sequence classifier predicts the
+argmax of its head through ``config.id2label``; ``score`` is the softmax probability of that label.
 """
 
 from __future__ import annotations
@@ -312,11 +316,14 @@ def score_texts(
 
     if not texts:
         return [], []
+    prompt_ids: list[list[int]] = []
     if ref.task == CAUSAL_LM:
         from sparktune.prepare import format_example
 
         prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
-        lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        # With special tokens, as completion_loss (and training) tokenizes a prompt: reused below.
+        prompt_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+        lengths = [len(ids) for ids in prompt_ids]
     else:
         prompts = texts
         lengths = [len(ids) for ids in tokenizer(texts, truncation=True)["input_ids"]]
@@ -328,7 +335,7 @@ def score_texts(
             rows = [int(i) for i in order[begin : begin + batch_size]]
             batch = [prompts[i] for i in rows]
             if ref.task == CAUSAL_LM:
-                labels, probs = _causal_lm_batch(model, tokenizer, batch, ref)
+                labels, probs = _causal_lm_batch(model, tokenizer, batch, ref, [prompt_ids[i] for i in rows])
             else:
                 labels, probs = _classifier_batch(model, tokenizer, batch)
             for i, label, prob in zip(rows, labels, probs, strict=True):
@@ -336,25 +343,151 @@ def score_texts(
     return predictions, scores
 
 
-def _causal_lm_batch(
-    model: Any, tokenizer: Any, prompts: list[str], ref: ModelRef
-) -> tuple[list[str], list[float]]:
-    """Each candidate label's log-likelihood after each prompt; softmax over the candidates."""
-    import torch
+_COMPLETIONS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
 
-    from sparktune.evaluation import completion_loss
+
+def _completions(ref: ModelRef) -> list[str]:
+    """Each candidate's completion as training built it: the template's whitespace before {label},
+    the label, the template's tail (eos is added by the caller). Built once per template and labels."""
     from sparktune.prepare import format_example
 
+    key = (ref.prompt_template, ref.labels)
+    if key not in _COMPLETIONS:
+        _COMPLETIONS[key] = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
+    return _COMPLETIONS[key]
+
+
+def _causal_lm_batch(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    ref: ModelRef,
+    prompt_ids: list[list[int]] | None = None,
+) -> tuple[list[str], list[float]]:
+    """Each candidate label's log-likelihood after each prompt; softmax over the candidates.
+
+    The numbers are those of :func:`sparktune.evaluation.completion_loss` (which tokenizes
+    prompt + completion + eos as training did and scores the tokens after the prompt's), computed
+    with one forward pass over the prompts and one over the candidates' tokens: see
+    :func:`_shared_prompt_log_likelihood`. A prompt whose tokens are not a prefix of every
+    prompt + completion (a tokenizer merging across the boundary) is scored by ``completion_loss``.
+    """
+    import torch
+
     n_labels = len(ref.labels)
-    # Completions as training built them: the template's whitespace before {label}, the label, the tail.
-    completions = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
-    all_prompts = [p for p in prompts for _ in range(n_labels)]
-    all_completions = completions * len(prompts)
-    losses, _ = completion_loss(model, tokenizer, all_prompts, all_completions, len(all_prompts))
-    log_likelihood = -torch.tensor(losses, dtype=torch.float64).view(len(prompts), n_labels)
+    if prompt_ids is None:
+        prompt_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+    eos = tokenizer.eos_token
+    # One batched call for every prompt x candidate, as completion_loss tokenizes each pair.
+    texts = [p + c + eos for p in prompts for c in _completions(ref)]
+    joint = tokenizer(texts, return_attention_mask=False)["input_ids"]
+    shared: list[int] = []
+    fallback: list[int] = []
+    tails: list[list[int]] = []
+    for i, ids in enumerate(prompt_ids):
+        fulls = joint[i * n_labels : (i + 1) * n_labels]
+        if len(ids) >= 2 and all(len(full) > len(ids) and full[: len(ids)] == ids for full in fulls):
+            shared.append(i)
+            tails.extend(full[len(ids) :] for full in fulls)
+        else:
+            fallback.append(i)
+    log_likelihood = torch.zeros((len(prompts), n_labels), dtype=torch.float64)
+    if shared:
+        found = _shared_prompt_log_likelihood(
+            model, [prompt_ids[i] for i in shared], tails, tokenizer.pad_token_id
+        )
+        if found is None:  # a model whose cache cannot be reused this way (see _cache_reusable)
+            fallback, shared = sorted(fallback + shared), []
+        else:
+            log_likelihood[shared] = found.view(len(shared), n_labels)
+    if fallback:
+        from sparktune.evaluation import completion_loss
+
+        completions = _completions(ref)
+        losses, _ = completion_loss(
+            model,
+            tokenizer,
+            [prompts[i] for i in fallback for _ in range(n_labels)],
+            completions * len(fallback),
+            len(fallback) * n_labels,
+        )
+        log_likelihood[fallback] = -torch.tensor(losses, dtype=torch.float64).view(len(fallback), n_labels)
     probs = torch.softmax(log_likelihood, dim=1)
     best = probs.argmax(dim=1)
     return [ref.labels[int(i)] for i in best], probs.max(dim=1).values.tolist()
+
+
+def _shared_prompt_log_likelihood(
+    model: Any, prompts: list[list[int]], tails: list[list[int]], pad_id: int | None
+) -> Any:
+    """Summed log-probability of each tail after its prompt: ``tails`` holds ``len(tails) //
+    len(prompts)`` candidates per prompt, prompt-major. Returns a float64 tensor, one per tail, or
+    None when the model's cache cannot be reused (:func:`_cache_reusable`).
+
+    Pass 1 runs every prompt but its last token once (right-padded, ``use_cache=True``). Pass 2
+    repeats that KV cache once per candidate and feeds ``[last prompt token] + tail[:-1]``, whose
+    logits predict ``tail``. Position ids continue each prompt's own length and the attention mask
+    hides the padding between a short prompt and its tail, so padding never reaches a real token;
+    every row of pass 1 has at least one real token (prompts are at least two tokens), so no
+    attention row is empty.
+    """
+    import inspect
+
+    import torch
+
+    n_prompts = len(prompts)
+    per_prompt = len(tails) // n_prompts
+    pad = 0 if pad_id is None else int(pad_id)
+    prefix_width = max(len(ids) for ids in prompts) - 1
+    prefix = torch.tensor([ids[:-1] + [pad] * (prefix_width + 1 - len(ids)) for ids in prompts])
+    prefix_mask = torch.tensor(
+        [[1] * (len(ids) - 1) + [0] * (prefix_width + 1 - len(ids)) for ids in prompts]
+    )
+    keep_one = (
+        {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    )
+    cache = model(input_ids=prefix, attention_mask=prefix_mask, use_cache=True, **keep_one).past_key_values
+    width = max(len(tail) for tail in tails)
+    if not _cache_reusable(cache, prefix_width + width):
+        return None
+    cache.batch_repeat_interleave(per_prompt)
+
+    lasts = [prompts[row // per_prompt] for row in range(len(tails))]
+    inputs = torch.tensor(
+        [[ids[-1], *tail[:-1]] + [pad] * (width - len(tail)) for ids, tail in zip(lasts, tails, strict=True)]
+    )
+    targets = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails])
+    tail_mask = torch.tensor([[1] * len(tail) + [0] * (width - len(tail)) for tail in tails])
+    starts = torch.tensor([len(ids) - 1 for ids in lasts])
+    attention = torch.cat([prefix_mask.repeat_interleave(per_prompt, dim=0), tail_mask], dim=1)
+    positions = starts[:, None] + torch.arange(width)[None, :]
+    logits = model(
+        input_ids=inputs,
+        attention_mask=attention,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits.float()
+    token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+    return (token_log_probs * tail_mask).sum(dim=1, dtype=torch.float64)
+
+
+def _cache_reusable(cache: Any, length: int) -> bool:
+    """Whether ``cache`` holds plain attention keys and values over ``length`` positions, which a
+    padding mask can hide. A recurrent state (linear attention, state-space layers) has absorbed
+    the padding after a short prompt, and a sliding window shorter than ``length`` would count
+    that padding as distance: those models are scored by ``completion_loss`` instead."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    layers = getattr(cache, "layers", None)
+    if not layers or not hasattr(cache, "batch_repeat_interleave"):
+        return False
+    for layer in layers:
+        if type(layer) is DynamicSlidingWindowLayer and length < layer.sliding_window:
+            continue
+        if type(layer) is not DynamicLayer:
+            return False
+    return True
 
 
 def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[list[str], list[float]]:

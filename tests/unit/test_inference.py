@@ -125,6 +125,97 @@ def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
         assert by_id.loc[row["example_id"], "score"] == pytest.approx(scores[0], abs=1e-4)
 
 
+def _completion_loss_scores(model, tokenizer, texts, ref):
+    """The reference: every prompt x candidate scored by evaluation.completion_loss, one pass each."""
+    import torch
+    from sparktune.evaluation import completion_loss
+    from sparktune.prepare import format_example
+
+    prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
+    completions = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
+    pairs = [p for p in prompts for _ in completions]
+    with torch.inference_mode():
+        losses, _ = completion_loss(model, tokenizer, pairs, completions * len(prompts), len(pairs))
+    probs = torch.softmax(-torch.tensor(losses, dtype=torch.float64).view(len(texts), -1), dim=1)
+    return [ref.labels[int(i)] for i in probs.argmax(dim=1)], probs.max(dim=1).values.tolist()
+
+
+def _mixed_length_texts(rows):
+    by_length = sorted((r["text"] for r in rows), key=len)
+    return [
+        by_length[-1],
+        "invoice",
+        by_length[len(by_length) // 2],
+        " ".join(by_length[-3:]),  # far longer than the rest: lots of padding in one batch
+        by_length[0],
+        "where is my parcel",
+    ]
+
+
+def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypatch):
+    """One pass over the prompts + one over the candidates (KV cache reused) = completion_loss."""
+    import sparktune.evaluation
+    from sparktune.inference import load_cached, score_texts
+
+    model, tokenizer = load_cached(model_ref.local_path)
+    texts = _mixed_length_texts(rows)
+    expected = _completion_loss_scores(model, tokenizer, texts, model_ref)
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("every prompt here should be scored through its KV cache")
+
+    monkeypatch.setattr(sparktune.evaluation, "completion_loss", no_fallback)
+    predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=len(texts))
+    assert predictions == expected[0]
+    assert scores == pytest.approx(expected[1], abs=1e-4)
+    # Batched differently (and one at a time), the same numbers.
+    for batch_size in (1, 4):
+        again = score_texts(model, tokenizer, texts, model_ref, batch_size=batch_size)
+        assert again[0] == predictions
+        assert again[1] == pytest.approx(scores, abs=1e-4)
+
+
+def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(model_ref, rows, monkeypatch):
+    """No space before {label}: some texts' last word merges with the label's first letters, so
+    those prompts' tokens are no prefix of prompt + label; they are scored like before, the rest
+    through the cache, and the batch comes back in order."""
+    import dataclasses
+
+    import sparktune.evaluation
+    from sparktune.inference import load_cached, score_texts
+
+    model, tokenizer = load_cached(model_ref.local_path)
+    ref = dataclasses.replace(model_ref, prompt_template="{text}{label}")
+    texts = _mixed_length_texts(rows) + [r["text"] for r in rows[:6]]
+    expected = _completion_loss_scores(model, tokenizer, texts, ref)
+    calls = []
+    original = sparktune.evaluation.completion_loss
+
+    def counting(model, tokenizer, prompts, completions, batch_size):
+        calls.append(len(prompts) // len(ref.labels))
+        return original(model, tokenizer, prompts, completions, batch_size)
+
+    monkeypatch.setattr(sparktune.evaluation, "completion_loss", counting)
+    predictions, scores = score_texts(model, tokenizer, texts, ref, batch_size=len(texts))
+    assert 0 < sum(calls) < len(texts)  # both paths in one batch
+    assert predictions == expected[0]
+    assert scores == pytest.approx(expected[1], abs=1e-4)
+
+
+def test_a_cache_that_cannot_be_reused_falls_back_to_completion_loss(model_ref, rows, monkeypatch):
+    """A model whose cache holds recurrent state (or a short sliding window) is scored as before."""
+    import sparktune.inference
+    from sparktune.inference import load_cached, score_texts
+
+    model, tokenizer = load_cached(model_ref.local_path)
+    texts = _mixed_length_texts(rows)
+    expected = _completion_loss_scores(model, tokenizer, texts, model_ref)
+    monkeypatch.setattr(sparktune.inference, "_cache_reusable", lambda cache, length: False)
+    predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=4)
+    assert predictions == expected[0]
+    assert scores == pytest.approx(expected[1], abs=1e-4)
+
+
 def test_min_score_keeps_rows_at_or_above_it(source, model_ref, scored):
     from sparktune.inference import score_dataframe
 
