@@ -11,11 +11,12 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
+.PHONY: help venv demo run score models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
+	@echo "make score           score new texts with the champion (batch_inference DAG), Parquet by date"
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
@@ -43,6 +44,13 @@ demo: venv
 run: venv
 	$(PY) -m sparktune_airflow.embedded run --dag $(DAG) --conf '$(CONF)'
 	@if [ "$(DAG)" = "llm_finetune" ]; then $(PY) -m sparktune.report; fi
+
+# Scores new texts with the champion through the batch_inference DAG (make demo first).
+INCOMING_ROWS ?= 500
+score: venv
+	test -f $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl || $(PY) -m sparktune.demo_data --rows $(INCOMING_ROWS) --seed 11 --out $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl
+	$(PY) -m sparktune_airflow.embedded run --dag batch_inference --conf '$(CONF)'
+	@echo "predictions: $(SPARKTUNE_HOME)/lake/predictions (Parquet by date); review rows: $(SPARKTUNE_HOME)/lake/feedback/predictions"
 
 # Read-only: prints what the registry in SPARKTUNE_HOME (or MLFLOW_TRACKING_URI) holds.
 models: venv
