@@ -244,6 +244,20 @@ def _safe(value: str) -> str:
 # ------------------------------------------------------------------------------------ merge
 
 
+def corrections_present(feedback_uri: str) -> bool:
+    """Whether the feedback table holds any correction, asked of the filesystem (no Spark start).
+
+    A filesystem fsspec cannot open here answers True: Spark, which can, then decides.
+    """
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}")
+        return fs.exists(path) and any(str(p).endswith(".parquet") for p in fs.find(path))
+    except (ImportError, ValueError, OSError):
+        return True
+
+
 @dataclass(frozen=True)
 class MergeResult:
     """The source the next training run reads, and what feedback added to it."""
@@ -258,6 +272,10 @@ class MergeResult:
 
     def to_summary(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def unchanged(cls, source_uri: str, source_format: str, corrections: int = 0) -> MergeResult:
+        return cls(source_uri, source_format, source_uri, corrections, corrections, 0, "")
 
 
 def merge_feedback(
@@ -286,7 +304,7 @@ def merge_feedback(
 
     from sparktune.prepare import content_key
 
-    unchanged = MergeResult(source_uri, source_format, source_uri, 0, 0, 0, "")
+    unchanged = MergeResult.unchanged(source_uri, source_format)
     corrections_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}"
     if not _has_parquet(spark, corrections_uri):
         log.info("No corrections under %s: the training source is used as it is.", corrections_uri)
@@ -307,7 +325,7 @@ def merge_feedback(
         added = new.count()
         if added == 0:
             log.info("All %d corrected texts are already in %s: nothing to add.", total, source_uri)
-            return MergeResult(source_uri, source_format, source_uri, total, total, 0, "")
+            return MergeResult.unchanged(source_uri, source_format, total)
         keys = sorted(r["_key"] + ":" + r["label"] for r in new.select("_key", "label").collect())
         version = hashlib.sha256(json.dumps([source_uri, keys]).encode()).hexdigest()[:16]
         target = f"{versions_root.rstrip('/')}/{version}"

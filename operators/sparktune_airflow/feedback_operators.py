@@ -282,16 +282,10 @@ def _merge_feedback(
     pipeline_params_value: dict[str, Any] | None, params: Any = None, spark: Any = None
 ) -> dict[str, Any]:
     from sparktune.feedback import FeedbackError, merge_feedback
-    from sparktune.prepare import DataPreparationError, load_source, resolve_source_uri
+    from sparktune.prepare import DataPreparationError, load_source
 
     typed = pipeline_params(pipeline_params_value, {"params": params})
-    try:
-        source_uri = resolve_source_uri(typed)
-    except DataPreparationError as exc:
-        raise AirflowFailException(str(exc)) from exc
-    if not typed.merge_feedback:
-        print("merge_feedback is off: training reads the source as it is")
-        return {"source_uri": source_uri, "source_format": typed.source_format, "added_rows": 0}
+    source_uri = _source_uri(typed)
     try:
         source = load_source(spark, source_uri, typed.source_format)
         result = merge_feedback(
@@ -316,6 +310,15 @@ def _merge_feedback(
     return result.to_summary()
 
 
+def _source_uri(params: Any) -> str:
+    from sparktune.prepare import DataPreparationError, resolve_source_uri
+
+    try:
+        return resolve_source_uri(params)
+    except DataPreparationError as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
 class MergeFeedbackOperator(PySparkOperator):
     """The source the run trains on: the params' source plus the feedback table's corrected rows
     that it does not hold yet (deduplicated by text over every split), written as a new data
@@ -338,6 +341,18 @@ class MergeFeedbackOperator(PySparkOperator):
             **kwargs,
         )
         self.pipeline_params = pipeline_params
+
+    def execute(self, context: Any) -> Any:
+        from sparktune.feedback import MergeResult, corrections_present
+
+        params = pipeline_params(self.pipeline_params, context)
+        feedback_uri = settings().feedback_uri
+        if params.merge_feedback and corrections_present(feedback_uri):
+            return super().execute(context)
+        # Nothing to merge: no Spark session is started for it.
+        why = "merge_feedback is off" if not params.merge_feedback else f"no corrections in {feedback_uri}"
+        self.log.info("%s: training reads the source as it is", why)
+        return MergeResult.unchanged(_source_uri(params), params.source_format).to_summary()
 
 
 class SkipUnchangedOperator(BaseOperator, SkipMixin):

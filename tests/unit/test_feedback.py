@@ -11,6 +11,7 @@ import pytest
 from sparktune.feedback import (
     CORRECTIONS_DIR,
     FeedbackError,
+    corrections_present,
     merge_feedback,
     record_corrections,
     write_review_rows,
@@ -143,7 +144,9 @@ def test_merge_adds_only_texts_the_source_does_not_hold_as_a_new_version(spark, 
             },
         ],
     )
+    assert not corrections_present(str(tmp_path / "feedback"))  # the operator then starts no Spark
     record_corrections(spark, corrections, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+    assert corrections_present(str(tmp_path / "feedback"))
 
     merged = _merge(spark, tmp_path, source_path)
     assert (merged.corrections, merged.already_in_source, merged.added_rows) == (2, 1, 1)
