@@ -92,7 +92,9 @@ def move_alias(
     now (None: no version); if another run moved it in between, :class:`ChampionChangedError` stops the move.
     """
     current = alias_version(client, model_name, alias)
-    if check_current and current != expected_current and current != version:
+    # Templated callers may hand over 1 for "1" (Airflow's native rendering turns "1" into an int).
+    expected = None if expected_current is None else str(expected_current)
+    if check_current and current != expected and current != str(version):
         raise ChampionChangedError(
             f"{model_name}@{alias} is version {current}, but this run compared against "
             f"{expected_current}; another run promoted in between. Re-run evaluation against the new {alias}."

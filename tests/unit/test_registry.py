@@ -101,6 +101,12 @@ def test_promotion_stops_when_champion_moved_in_between(client, model):
             client, model, CHAMPION, v3, actor="t", reason="r", check_current=True, expected_current=v1
         )
     assert alias_version(client, model, CHAMPION) == v2
+    # The champion this run compared against, as Airflow's native rendering hands it over (an int):
+    # still the same version, so the promotion goes ahead.
+    moved = move_alias(
+        client, model, CHAMPION, v3, actor="t", reason="r", check_current=True, expected_current=int(v2)
+    )
+    assert moved.changed and alias_version(client, model, CHAMPION) == v3
 
 
 def _three_versions_v3_champion(client: MlflowClient, model: str) -> tuple[str, str, str]:
