@@ -3,7 +3,8 @@
 A run whose data fingerprint, training config and code are all the current champion's would
 train the same model again: it is skipped, and the reason names the champion version and the
 three values. The champion's registered version carries them as tags (``data_fingerprint``,
-``config_hash``, ``code_version``; the register step writes them).
+``config_hash``, ``code_fingerprint``: a hash of the ``sparktune`` sources, so a docs-only commit
+does not count as new code; the register step writes them).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 DATA_FINGERPRINT_TAG = "data_fingerprint"
 CONFIG_HASH_TAG = "config_hash"
-CODE_VERSION_TAG = "code_version"
+CODE_FINGERPRINT_TAG = "code_fingerprint"
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ def retrain_decision(
     champion_tags: Mapping[str, str],
     data_fingerprint: str,
     config_hash: str,
-    code_version: str,
+    code_fingerprint: str,
     force: bool = False,
 ) -> RetrainDecision:
     """Train unless the champion was trained on the same data, config and code (or ``force``)."""
@@ -46,7 +47,7 @@ def retrain_decision(
     current = {
         DATA_FINGERPRINT_TAG: data_fingerprint,
         CONFIG_HASH_TAG: config_hash,
-        CODE_VERSION_TAG: code_version,
+        CODE_FINGERPRINT_TAG: code_fingerprint,
     }
     changed = [
         f"{name} {champion_tags.get(name) or '(not recorded)'} -> {value}"
@@ -60,7 +61,7 @@ def retrain_decision(
     return RetrainDecision(
         False,
         f"nothing changed since champion v{champion_version}: same data fingerprint {data_fingerprint}, "
-        f"config {config_hash} and code {code_version}. Training skipped; set force_retrain=true to "
+        f"config {config_hash} and code {code_fingerprint}. Training skipped; set force_retrain=true to "
         "train anyway.",
         champion_version,
     )

@@ -49,6 +49,7 @@ GENERATED_TOKENS = 32
 RESULT_ARTIFACT = "train_result.json"
 RESUMED_FROM_TAG = "sparktune.resumed_from_step"
 CODE_VERSION_TAG = "sparktune.code_version"
+CODE_FINGERPRINT_TAG = "sparktune.code_fingerprint"
 CHECKPOINTS = "checkpoints"
 # Checkpoints kept per key: the newest is the one resumed from, one older in case it was half-written.
 CHECKPOINTS_KEPT = 2
@@ -266,6 +267,22 @@ def last_checkpoint(output_dir: Path) -> tuple[Path, int] | None:
     if not state.exists():  # a save the crash interrupted
         return None
     return Path(found), int(json.loads(state.read_text())["global_step"])
+
+
+def code_fingerprint(package: Path | None = None) -> str:
+    """sha256 of the installed ``sparktune`` package's Python sources (first 16 hex digits).
+
+    What decides whether the same data and config would train the same model again: unlike the git
+    commit in :func:`code_version`, a commit that touches only docs, tests or DAG wiring leaves it
+    alone, and an uncommitted change to the trainer changes it.
+    """
+    import hashlib
+
+    package = package or Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def code_version() -> str:
@@ -860,6 +877,7 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
             **{k: str(v) for k, v in request.tags.items()},
             TRAIN_KEY_TAG: request.train_key,
             CODE_VERSION_TAG: code_version(),
+            CODE_FINGERPRINT_TAG: code_fingerprint(),
             "sparktune.base_model": request.base_model,
             "sparktune.peft_method": params.peft_method,
             "sparktune.dataset_path": request.dataset_path,

@@ -358,7 +358,7 @@ class MergeFeedbackOperator(PySparkOperator):
 class SkipUnchangedOperator(BaseOperator, SkipMixin):
     """Skips everything downstream when the run would train the current champion again.
 
-    Compares the run's data fingerprint, config hash and code version with the champion version's
+    Compares the run's data fingerprint, config hash and code fingerprint with the champion version's
     tags; when all three match (and ``force_retrain`` is off) the downstream tasks are skipped and
     the reason is logged and returned. Otherwise it returns what changed and the run goes on.
 
@@ -385,7 +385,7 @@ class SkipUnchangedOperator(BaseOperator, SkipMixin):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import CHAMPION, alias_version
         from sparktune.retrain import retrain_decision
-        from sparktune.training import code_version
+        from sparktune.training import code_fingerprint
 
         params = pipeline_params(self.pipeline_params, context)
         client = _mlflow_client()
@@ -396,7 +396,7 @@ class SkipUnchangedOperator(BaseOperator, SkipMixin):
             champion_tags=tags,
             data_fingerprint=str(self.data_fingerprint),
             config_hash=config_hash(params),
-            code_version=code_version(),
+            code_fingerprint=code_fingerprint(),
             force=params.force_retrain,
         )
         self.log.info("%s: %s", "training" if decision.train else "skipping training", decision.reason)

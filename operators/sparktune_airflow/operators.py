@@ -774,15 +774,19 @@ class RegisterModelOperator(BaseOperator):
         for step in prepare.get("steps", []):
             client.log_metric(self.run_id, f"rows_out.{step['step']}", step["rows_out"])
         tags = {k: str(v) for k, v in self.tags.items()}
-        from sparktune.training import CODE_VERSION_TAG
+        from sparktune.training import CODE_FINGERPRINT_TAG, CODE_VERSION_TAG
 
         run_tags = client.get_run(self.run_id).data.tags
         code_version = run_tags.get(CODE_VERSION_TAG)
         if code_version:
             tags.setdefault("code_version", code_version)
-        if run_tags.get("sparktune.config_hash"):
-            # With data_fingerprint and code_version: what a later run compares to skip retraining.
-            tags.setdefault("config_hash", run_tags["sparktune.config_hash"])
+        # With data_fingerprint: what a later run compares to skip retraining (sparktune.retrain).
+        for run_tag, version_tag in (
+            ("sparktune.config_hash", "config_hash"),
+            (CODE_FINGERPRINT_TAG, "code_fingerprint"),
+        ):
+            if run_tags.get(run_tag):
+                tags.setdefault(version_tag, run_tags[run_tag])
         if prepare.get("labels"):
             # The label set travels with the version: batch inference scores a causal LM's
             # candidates from it, and the smoke test checks answers against it.
