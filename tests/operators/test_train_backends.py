@@ -275,3 +275,62 @@ def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
     versions = client.search_model_versions("name = 'tiny-spark'")
     assert [str(v.version) for v in versions] == [str(registered["version"])]
+
+
+@pytest.mark.spark
+def test_batch_inference_scores_on_the_same_cluster_with_only_the_connection_changed(
+    workspace, standalone_cluster, monkeypatch, tmp_path
+):
+    """BatchInferenceOperator spark-submits the scoring job to the standalone master: the model
+    trained above, promoted to champion, scores on the cluster's executors."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    import pyarrow.parquet as pq
+    from sparktune.registry import CHAMPION, move_alias
+    from sparktune_airflow.feedback_operators import BatchInferenceOperator
+
+    client = _client()
+    [version] = client.search_model_versions("name = 'tiny-spark'")  # the spark test's model
+    move_alias(client, "tiny-spark", CHAMPION, str(version.version), actor="test", reason="score it")
+    incoming = tmp_path / "incoming.jsonl"
+    texts = ["where is my parcel", "refund my order please", "the app crashes at login", "hi"] * 10
+    incoming.write_text(
+        "".join(json.dumps({"ticket": f"t{i}", "body": t}) + "\n" for i, t in enumerate(texts))
+    )
+    host, port = standalone_cluster["master"].rsplit(":", 1)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": host, "port": int(port)})
+    )
+    # spark-submit comes with the pyspark wheel, as on a worker whose PATH has the environment.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    output = tmp_path / "predictions"
+    operator = BatchInferenceOperator(
+        task_id="score",
+        source_uri=str(incoming),
+        output_uri=str(output),
+        model_name="tiny-spark",
+        text_column="body",
+        id_column="ticket",
+        conf={
+            "spark.pyspark.python": sys.executable,
+            "spark.executor.memory": "2g",
+            "spark.log.level": "WARN",
+        },
+    )
+    day = datetime(2026, 11, 23, 6, 0, tzinfo=UTC)
+    context = {
+        "ti": FakeTaskInstance(dag_id="batch_inference", run_id="cluster-1", task_id="score"),
+        "logical_date": day,
+        "dag_run": SimpleNamespace(run_after=day),
+        "params": {},
+    }
+    summary = operator.execute(context)
+
+    assert summary["rows_written"] == len(texts)
+    assert summary["model"]["version"] == str(version.version)
+    apps = json.load(urllib.request.urlopen(f"{standalone_cluster['ui']}/json/", timeout=5))
+    assert any(app["name"] == "sparktune-batch_inference" for app in apps["completedapps"])
+    table = pq.read_table(output / "date=2026-11-23").to_pandas()
+    assert len(table) == len(texts) and set(table["model_version"]) == {str(version.version)}
+    assert set(table["id"]) == {f"t{i}" for i in range(len(texts))}
