@@ -138,6 +138,8 @@ class BatchInferenceOperator(SparkSubmitOperator):
                 event.get("previous_version"),
             )
             model_name = str(event["model_name"])
+        if not str(self.source_uri or "").strip():
+            raise AirflowFailException("source_uri is empty: pass the table or path of the texts to score.")
         try:
             # The same path rules as training's source (relative paths made absolute for Spark).
             source = resolve_source_uri(
