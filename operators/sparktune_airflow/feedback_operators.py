@@ -19,6 +19,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from sparktune.config import settings
 
 from sparktune_airflow.assets import CHAMPION_ASSET_NAME
+from sparktune_airflow.lineage import ReportsLineage
+from sparktune_airflow.links import SparkUILink
 from sparktune_airflow.operators import (
     _mlflow_client,
     _run_dir,
@@ -50,7 +52,7 @@ def champion_event(context: Any) -> dict[str, Any] | None:
     return dict(newest.extra) if newest is not None else None
 
 
-class BatchInferenceOperator(SparkSubmitOperator):
+class BatchInferenceOperator(ReportsLineage, SparkSubmitOperator):
     """Scores a table or path with ``models:/<model_name>@<model_alias>`` over Spark.
 
     Runs ``sparktune.jobs.batch_inference`` through spark-submit on ``conn_id`` (``local[*]`` or a
@@ -89,6 +91,7 @@ class BatchInferenceOperator(SparkSubmitOperator):
         "batch_size",
         "feedback_uri",
     )
+    operator_extra_links = (SparkUILink(),)
 
     def __init__(
         self,
@@ -183,7 +186,16 @@ class BatchInferenceOperator(SparkSubmitOperator):
             summary["partition"],
             summary["seconds"],
         )
-        return summary
+        self._scored_source = source
+        return self._keep(summary)
+
+    def _lineage(self):
+        """The texts + the model version -> the predictions (and the review rows)."""
+        from sparktune_airflow.lineage import batch_inference_lineage
+
+        return batch_inference_lineage(
+            self._lineage_result, self._scored_source, settings().mlflow_tracking_uri
+        )
 
 
 def _record_corrections(

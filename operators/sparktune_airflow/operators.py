@@ -32,6 +32,8 @@ from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, p
 
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
+from sparktune_airflow.lineage import ReportsLineage
+from sparktune_airflow.links import DataDocsLink, MLflowModelVersionLink, MLflowRunLink, SparkUILink
 
 
 def job_path(job: str) -> str:
@@ -159,7 +161,7 @@ class ResolveBaseModelOperator(BaseOperator):
         return resolved
 
 
-class PrepareDataOperator(SparkSubmitOperator):
+class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
     """Submits the preparation job (filter, dedupe, format, count tokens, split) through spark-submit.
 
     The job runs wherever the ``spark_default`` connection points (``local[*]``, a standalone
@@ -188,6 +190,7 @@ class PrepareDataOperator(SparkSubmitOperator):
         "source_uri",
         "source_format",
     )
+    operator_extra_links = (SparkUILink(),)
 
     def __init__(
         self,
@@ -245,7 +248,13 @@ class PrepareDataOperator(SparkSubmitOperator):
                 "  (skipped)" if step.get("skipped") else "",
             )
         self.log.info("data fingerprint %s -> %s", summary["data_fingerprint"], summary["prepared_uri"])
-        return summary
+        return self._keep(summary)
+
+    def _lineage(self):
+        """The source -> the prepared train/validation/test splits, versioned by the fingerprint."""
+        from sparktune_airflow.lineage import prepare_lineage
+
+        return prepare_lineage(self._lineage_result)
 
 
 def _quality_gate(
@@ -322,6 +331,7 @@ class SparkQualityGateOperator(PySparkOperator):
     """
 
     template_fields: Sequence[str] = (*PySparkOperator.template_fields, "prepared_uri", "source_uri")
+    operator_extra_links = (DataDocsLink(),)
 
     def __init__(
         self,
@@ -352,7 +362,7 @@ class SparkQualityGateOperator(PySparkOperator):
         self.source_uri = source_uri
 
 
-class MaterializeDatasetOperator(SparkSubmitOperator):
+class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
     """A table or path -> a Hugging Face DatasetDict at ``<datasets_root>/<data fingerprint>``.
 
     Spark executors write the Arrow shards (``sparktune.jobs.materialize_dataset`` through
@@ -397,6 +407,7 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
         "label_names",
         "dataset_mode",
     )
+    operator_extra_links = (SparkUILink(),)
 
     def __init__(
         self,
@@ -450,13 +461,13 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
             except (FileNotFoundError, ValueError) as exc:
                 raise AirflowFailException(str(exc)) from exc
             self.log.info("streaming mode: training reads %s directly, rows %s", self.source, summary["rows"])
-            return summary
+            return self._keep(summary)
         root = self.datasets_root or f"{settings().lake_uri}/datasets"
         if self.data_fingerprint:
             found = find_published(root, self.data_fingerprint, self.storage_options)
             if found is not None:
                 self.log.info("dataset %s already published: reused, no Spark job", found.dataset_uri)
-                return found.to_summary()
+                return self._keep(found.to_summary())
         if self.data_fingerprint and converts_without_spark(
             self.source, self.source_format, self.storage_options
         ):
@@ -476,7 +487,7 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
             except MaterializeError as exc:
                 raise AirflowFailException(f"materialize_dataset rejected its input: {exc}") from exc
             self.log.info("dataset %s: rows %s, built in this process", result.dataset_uri, result.rows)
-            return result.to_summary()
+            return self._keep(result.to_summary())
         self.application = self.application or job_path("materialize_dataset")
         summary_path = _run_dir(context) / "materialize_summary.json"
         summary_path.unlink(missing_ok=True)
@@ -507,10 +518,22 @@ class MaterializeDatasetOperator(SparkSubmitOperator):
             "reused" if summary["reused"] else "built",
             summary["seconds"],
         )
-        return summary
+        return self._keep(summary)
+
+    def _lineage(self):
+        """The prepared splits (the source itself when it has no split folders) -> the dataset."""
+        from sparktune_airflow.lineage import has_split_folders, materialize_lineage
+
+        source = str(self.source)
+        partitioned = bool(self.split_column) and has_split_folders(
+            source, self.split_column, self.storage_options
+        )
+        return materialize_lineage(
+            self._lineage_result, source, split_column=self.split_column, partitioned=partitioned
+        )
 
 
-class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
+class TrainModelOperator(ReportsLineage, DatabricksTrainingMixin, BaseOperator):
     """Submits the training entry point (``sparktune.jobs.train``) to the run's ``train_backend``.
 
     - ``local``: a process on this worker, its log streamed into the task log.
@@ -543,7 +566,7 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
     """
 
     template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
-    operator_extra_links = (DatabricksJobRunLink(),)
+    operator_extra_links = (DatabricksJobRunLink(), MLflowRunLink())
 
     def __init__(
         self,
@@ -623,7 +646,7 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
         if finished is not None:
             # Nothing to submit: an earlier attempt trained this key to the end.
             self.log.info("Reusing finished MLflow run %s: nothing trained.", finished["mlflow_run_id"])
-            return {**finished, "reused": True}
+            return self._keep({**finished, "reused": True})
         if params.train_backend == "databricks":
             return self._execute_databricks(context, request, params)
         return self._execute_process(context, request, params)
@@ -698,7 +721,15 @@ class TrainModelOperator(DatabricksTrainingMixin, BaseOperator):
                 "from its last checkpoint."
             )
         self.log.info("training result: %s", json.dumps(outcome, sort_keys=True))
-        return outcome
+        return self._keep(outcome)
+
+    def _lineage(self):
+        """The dataset -> the model the MLflow run logged."""
+        from sparktune_airflow.lineage import train_lineage
+
+        return train_lineage(
+            self._lineage_result, str(self.dataset_uri), self.data_fingerprint, settings().mlflow_tracking_uri
+        )
 
     def on_kill(self) -> None:
         if self._submission is not None:
@@ -723,7 +754,7 @@ def experiment_name(model_name: str) -> str:
     return f"sparktune-{model_name}"
 
 
-class RegisterModelOperator(BaseOperator):
+class RegisterModelOperator(ReportsLineage, BaseOperator):
     """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``.
 
     Returns ``model_name``, ``version`` and the alias move. MLflow is the one at ``MLFLOW_TRACKING_URI``.
@@ -739,6 +770,7 @@ class RegisterModelOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("run_id", "model_name", "tags", "run_artifacts", "run_files")
+    operator_extra_links = (MLflowModelVersionLink(),)
 
     def __init__(
         self,
@@ -800,7 +832,23 @@ class RegisterModelOperator(BaseOperator):
             actor=_actor(context),
             reason=f"registered from run {self.run_id}",
         )
-        return {"model_name": self.model_name, "version": version, "alias_move": move.to_summary()}
+        self._data_fingerprint = run_tags.get("sparktune.data_fingerprint") or tags.get("data_fingerprint")
+        return self._keep(
+            {"model_name": self.model_name, "version": version, "alias_move": move.to_summary()}
+        )
+
+    def _lineage(self):
+        """The MLflow run's model -> the registered model version."""
+        from sparktune_airflow.lineage import register_lineage
+
+        result = self._lineage_result
+        return register_lineage(
+            str(self.run_id),
+            result["model_name"],
+            result["version"],
+            getattr(self, "_data_fingerprint", None),
+            settings().mlflow_tracking_uri,
+        )
 
 
 class EvaluateModelOperator(BaseOperator):
@@ -949,6 +997,7 @@ class PromoteModelOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("model_name", "version", "expected_champion", "reason", "gate_decision")
+    operator_extra_links = (MLflowModelVersionLink(),)
 
     def __init__(
         self,
