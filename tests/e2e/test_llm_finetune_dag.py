@@ -6,8 +6,10 @@ suite, a real Arrow dataset, real LoRA training, a real MLflow registry in SQLit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,25 +131,209 @@ def test_dataset_on_disk_is_the_fingerprinted_arrow_dataset(home, happy_run):
     assert any((home / "gx").rglob("index.html")), "Great Expectations Data Docs were not written"
 
 
-def test_streaming_mode_trains_from_the_prepared_parquet(home, happy_run):
-    # Same source and params: prepare_data finds its published output; in streaming mode the
-    # materialize task builds nothing and training reads the prepared Parquet shards.
+def test_a_retrain_on_unchanged_data_skips_training(home, happy_run):
+    # The weekly or asset-triggered run on the same data, config and code trains nothing.
+    client = _client(home)
+    versions_before = len(client.search_model_versions("name = 'support-intent'"))
+    champion = client.get_model_version_by_alias("support-intent", "champion")
+    result = run_dag(home, FAST_TRAINING)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    output = result.stdout + result.stderr
+    assert f"skipping training: nothing changed since champion v{champion.version}" in output
+    assert "train" not in _started_tasks(output) and "materialize_dataset" not in _started_tasks(output)
+    assert len(client.search_model_versions("name = 'support-intent'")) == versions_before
+
+
+INCOMING_ROWS = 300
+
+
+def _predictions(home: Path):
+    import pyarrow.dataset as ds
+
+    return ds.dataset(home / "lake" / "predictions", format="parquet", partitioning="hive").to_table()
+
+
+def test_batch_inference_scores_new_data_with_the_champion(home, happy_run):
+    incoming = home / "data" / "incoming_tickets.jsonl"  # the DAG's default source
+    subprocess.run(
+        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11"]
+        + ["--out", str(incoming)],
+        check=True,
+    )
+    result = run_dag(home, {}, dag="batch_inference")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    champion = _client(home).get_model_version_by_alias("support-intent", "champion")
+    table = _predictions(home).to_pandas()
+    assert len(table) == INCOMING_ROWS  # one prediction per input row
+    assert set(table.columns) >= {
+        "id", "prediction", "score", "model_name", "model_version", "model_alias", "data_fingerprint",
+        "scored_at", "date",
+    }  # fmt: skip
+    assert set(table["model_version"]) == {str(champion.version)}
+    assert set(table["data_fingerprint"]) == {champion.tags["data_fingerprint"]}
+    labels = set(json.loads(champion.tags["labels"]))
+    assert set(table["prediction"]) <= labels and table["score"].between(0, 1).all()
+    # The tiny champion is good on data like its training data.
+    truth = {}
+    for line in incoming.read_text().splitlines():
+        row = json.loads(line)
+        truth.setdefault(row["message_hash"], row.get("intent_label"))
+    agree = (table["prediction"] == table["id"].map(truth)).mean()
+    assert agree > 0.7, agree
+    review = list((home / "lake" / "feedback" / "predictions").rglob("*.parquet"))
+    assert review, "the scored rows did not reach the feedback table"
+
+
+def _embedded_env(home: Path) -> dict[str, str]:
+    """What `run_dag` gives `airflow dags test`, for the other Airflow commands on the same state."""
+    from sparktune_airflow.embedded import embedded_env
+
+    base = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
+    base["SPARKTUNE_HOME"] = str(home)  # the DAG files read it when parsed (param defaults, assets)
+    return embedded_env(home, base=base)
+
+
+def _airflow_cli(home: Path, *args: str) -> None:
+    env = _embedded_env(home)
+    subprocess.run([sys.executable, "-m", "airflow", *args], env=env, check=True, capture_output=True)
+
+
+def _airflow_db(home: Path, query: str) -> list[tuple]:
+    import sqlite3
+
+    with sqlite3.connect(home / "airflow" / "airflow.db") as db:
+        return db.execute(query).fetchall()
+
+
+def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inference(home, happy_run):
+    """The loop: scored rows -> human corrections -> a new data version -> training (streaming
+    mode) -> promotion -> an asset event that a real scheduler turns into a batch_inference run."""
     client = _client(home)
     first = client.get_model_version_by_alias("support-intent", "champion")
-    fingerprint = first.tags["data_fingerprint"]
-    marker = home / "lake" / "datasets" / fingerprint / "_SPARKTUNE_COMPLETE.json"
+    marker = home / "lake" / "datasets" / first.tags["data_fingerprint"] / "_SPARKTUNE_COMPLETE.json"
     built_at = marker.stat().st_mtime_ns
+
+    # A reviewer corrects 40 scored rows (here: with their true labels); some of those texts are
+    # already in the training source and must not be added again.
+    incoming = [
+        json.loads(line) for line in (home / "data" / "incoming_tickets.jsonl").read_text().splitlines()
+    ]
+    picked = {r["message_hash"]: r for r in incoming if r.get("intent_label") and r.get("message")}
+    picked = dict(list(picked.items())[:40])
+    corrections = home / "data" / "corrections.jsonl"
+    corrections.write_text(
+        "".join(json.dumps({"id": i, "label": r["intent_label"]}) + "\n" for i, r in picked.items())
+    )
+    recorded = run_dag(home, {"corrections_uri": str(corrections)}, dag="record_corrections")
+    assert recorded.returncode == 0, recorded.stdout[-4000:] + recorded.stderr[-4000:]
+
+    # batch_inference must be known to the scheduler (parsed and unpaused) before the event comes;
+    # llm_finetune stays paused so the feedback event queued for it does not start a second run.
+    _airflow_cli(home, "dags", "reserialize")
+    _airflow_cli(home, "dags", "unpause", "batch_inference")
+    _airflow_cli(home, "dags", "pause", "llm_finetune")
+
     result = run_dag(
         home, {**FAST_TRAINING, "dataset_mode": "streaming", "model_name": "support-intent-stream"}
     )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    assert marker.stat().st_mtime_ns == built_at
+    output = result.stdout + result.stderr
+    assert marker.stat().st_mtime_ns == built_at  # streaming mode builds no dataset
     champion = client.get_model_version_by_alias("support-intent-stream", "champion")
     run = client.get_run(champion.run_id)
     assert run.data.params["dataset_mode"] == "streaming"
-    assert run.data.params["dataset_path"] == first.tags["fine_tuned_on"]  # the prepared Parquet
-    assert run.data.tags["sparktune.data_fingerprint"] == fingerprint
+    # The corrected texts the source lacked made a new data version, hence a new fingerprint.
+    assert run.data.tags["sparktune.data_fingerprint"] != first.tags["data_fingerprint"]
+    assert run.data.params["dataset_path"] == champion.tags["fine_tuned_on"]
+    summary = Path(client.download_artifacts(champion.run_id, "pipeline/prepare_summary.json"))
+    assert "/lake/sources/support-intent-stream/" in json.loads(summary.read_text())["source_uri"]
+    assert re.search(r"feedback: \d+ corrected texts, \d+ already in the source, [1-9]\d* added", output)
     assert "eval_accuracy" in run.data.metrics
+
+    # The promotion emitted the champion asset event, naming the model and version...
+    [(extra, source_dag)] = _airflow_db(
+        home,
+        "select e.extra, e.source_dag_id from asset_event e join asset a on a.id = e.asset_id "
+        "where a.name = 'sparktune_champion' and e.source_run_id = "
+        "(select max(source_run_id) from asset_event where source_dag_id = 'llm_finetune')",
+    )
+    assert source_dag == "llm_finetune"
+    assert json.loads(extra)["model_name"] == "support-intent-stream"
+    assert json.loads(extra)["version"] == str(champion.version)
+    # ...and a real scheduler consumes it: an asset-triggered batch_inference run scores with it.
+    with _airflow_standalone(home):
+        state = _wait_for_run(home, "batch_inference", "asset_triggered", timeout=900)
+    assert state == "success", (home / "standalone.log").read_text()[-6000:]
+    [(consumed,)] = _airflow_db(
+        home,
+        "select count(*) from dagrun_asset_event x join dag_run r on r.id = x.dag_run_id "
+        "where r.dag_id = 'batch_inference' and r.run_type = 'asset_triggered'",
+    )
+    assert consumed >= 1
+    table = _predictions(home).to_pandas()
+    newest = table[table["model_name"] == "support-intent-stream"]
+    assert len(newest) == INCOMING_ROWS and set(newest["model_version"]) == {str(champion.version)}
+    # A run replaces its day's partition: every day holds one scoring of the input, never two.
+    assert (table.groupby("date").size() == INCOMING_ROWS).all()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _airflow_standalone(home: Path):
+    """``airflow standalone`` (scheduler, DAG processor, API server, triggerer) on the run's state."""
+    import signal
+
+    port = _free_port()
+    env = _embedded_env(home)
+    env.update(
+        {
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://localhost:{port}/execution/",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+        }
+    )
+    with open(home / "standalone.log", "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "standalone"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield process
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _wait_for_run(home: Path, dag_id: str, run_type: str, timeout: float) -> str | None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    state = None
+    while time.monotonic() < deadline:
+        rows = _airflow_db(
+            home, f"select state from dag_run where dag_id = '{dag_id}' and run_type = '{run_type}'"
+        )
+        state = rows[-1][0] if rows else None
+        if state in ("success", "failed"):
+            return state
+        time.sleep(5)
+    return state
 
 
 def test_every_task_emitted_lineage(home, happy_run):
