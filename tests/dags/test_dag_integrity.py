@@ -93,9 +93,7 @@ def test_the_dags_form_a_loop_through_assets(dagbag):
     assert finetune.get_task("promote_champion").outlets == [champion_asset()]
     assert finetune.get_task("promote_staging").outlets == []
     scoring = dagbag.dags["batch_inference"]
-    assert {a.name for a in scoring.timetable.asset_condition.objects} == {
-        champion_asset().name
-    }
+    assert {a.name for a in scoring.timetable.asset_condition.objects} == {champion_asset().name}
     # ...and recorded corrections emit the feedback asset that retrains.
     assert dagbag.dags["record_corrections"].get_task("record").outlets == [feedback_asset()]
 
