@@ -309,12 +309,16 @@ def merge_feedback(
     if not _has_parquet(spark, corrections_uri):
         log.info("No corrections under %s: the training source is used as it is.", corrections_uri)
         return unchanged
-    missing = [c for c in (text_column, label_column) if c not in source.columns]
-    if missing:
-        raise FeedbackError(
-            f"The training source {source_uri} has no column {missing}; the feedback merge maps "
-            f"corrections onto text_column={text_column!r} and label_column={label_column!r}."
-        )
+    # Spark resolves column names case-insensitively, and so does prepare_data: so do we.
+    by_lower = {c.lower(): c for c in source.columns}
+    text_column, label_column, quality_column, id_column, timestamp_column = (
+        by_lower.get(name.lower(), "") if name else ""
+        for name in (text_column, label_column, quality_column, id_column, timestamp_column)
+    )
+    if not (text_column and label_column):
+        # prepare_data reports a missing column with what the source has and the fix: leave it to it.
+        log.warning("The source lacks the text or label column: feedback not merged; prepare_data says more.")
+        return unchanged
     corrections = spark.read.parquet(corrections_uri).withColumn("_key", content_key(F.col("text")))
     latest = Window.partitionBy("_key").orderBy(F.col("corrected_at").desc(), F.col("label"))
     corrections = corrections.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")

@@ -167,3 +167,26 @@ def test_merge_with_only_known_texts_keeps_the_source(spark, tmp_path):
     record_corrections(spark, known, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
     result = _merge(spark, tmp_path, source_path)
     assert result.source_uri == source_path and result.added_rows == 0 and result.already_in_source == 1
+
+
+def test_merge_matches_columns_as_spark_does_and_leaves_a_missing_one_to_prepare_data(spark, tmp_path):
+    source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
+    new = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "billing", "text": "Charged twice"}])
+    record_corrections(spark, new, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+
+    def merge(text_column: str, label_column: str):
+        return merge_feedback(
+            spark,
+            spark.read.json(source_path),
+            source_uri=source_path,
+            source_format="json",
+            feedback_uri=str(tmp_path / "feedback"),
+            versions_root=str(tmp_path / "sources"),
+            text_column=text_column,
+            label_column=label_column,
+        )
+
+    assert merge("MESSAGE", "Intent_Label").added_rows == 1
+    # prepare_data names the missing column and the ones there are; the merge does not pre-empt it.
+    missing = merge("message", "category")
+    assert missing.source_uri == source_path and missing.added_rows == 0
