@@ -308,7 +308,8 @@ def _merge_feedback(
             source_uri=source_uri,
             source_format=typed.source_format,
             feedback_uri=settings().feedback_uri,
-            versions_root=f"{settings().lake_uri}/sources/{typed.model_name}",
+            # A version is named by its content (source + corrections), whatever model trains on it.
+            versions_root=f"{settings().lake_uri}/sources",
             text_column=typed.text_column,
             label_column=typed.label_column,
             quality_column=typed.quality_column,
