@@ -45,15 +45,16 @@ class FeedbackError(ValueError):
 
 
 def _path_exists(spark: SparkSession, uri: str) -> bool:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    return bool(path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).exists(path))
+    from sparktune.prepare import hadoop_fs
+
+    fs, path = hadoop_fs(spark, uri)
+    return bool(fs.exists(path))
 
 
 def _has_parquet(spark: SparkSession, uri: str) -> bool:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(uri)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    from sparktune.prepare import hadoop_fs
+
+    fs, path = hadoop_fs(spark, uri)
     if not fs.exists(path):
         return False
     files = fs.listFiles(path, True)
@@ -369,10 +370,10 @@ def merge_feedback(
 
 def _write_marker(spark: SparkSession, target: str, source_uri: str, corrections: int, added: int) -> None:
     """Written last: a version folder without it is a crashed write and is rebuilt."""
+    from sparktune.prepare import hadoop_fs
+
     record = json.dumps({"base_source_uri": source_uri, "corrections": corrections, "added_rows": added})
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(f"{target}/{VERSION_MARKER}")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    fs, path = hadoop_fs(spark, f"{target}/{VERSION_MARKER}")
     stream = fs.create(path, True)
     try:
         stream.write(bytearray(record.encode()))

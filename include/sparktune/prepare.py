@@ -194,14 +194,14 @@ def _looks_like_table(source_uri: str) -> bool:
     )
 
 
-def _hadoop_fs(spark: SparkSession, uri: str) -> tuple[Any, Any]:
+def hadoop_fs(spark: SparkSession, uri: str) -> tuple[Any, Any]:
     """The Hadoop FileSystem and Path for ``uri``: works for file://, hdfs://, s3a://, dbfs:/ alike."""
     path = spark._jvm.org.apache.hadoop.fs.Path(uri)
     return path.getFileSystem(spark._jsc.hadoopConfiguration()), path
 
 
 def _glob(spark: SparkSession, uri: str) -> list[Any]:
-    fs, path = _hadoop_fs(spark, uri)
+    fs, path = hadoop_fs(spark, uri)
     statuses = fs.globStatus(path)
     return list(statuses) if statuses is not None else []
 
@@ -218,7 +218,7 @@ def _files_inside(
     Bounded, because a folder can hold millions of part files and a few are enough to tell the
     format or to see that there is nothing to read.
     """
-    fs, _ = _hadoop_fs(spark, uri)
+    fs, _ = hadoop_fs(spark, uri)
     files: list[tuple[str, int]] = []
     queue = list(statuses)
     seen = 0
@@ -1110,12 +1110,12 @@ def _publish(spark: SparkSession, write: Callable[[str], None], lake_uri: str, f
     exists. A folder without ``_SUCCESS`` is a leftover of a crashed writer and is replaced.
     """
     jvm_path = spark._jvm.org.apache.hadoop.fs.Path
-    fs, final = _hadoop_fs(spark, final_uri)
+    fs, final = hadoop_fs(spark, final_uri)
     if fs.exists(jvm_path(final, "_SUCCESS")):
         return False
     tmp_uri = f"{lake_uri}/_tmp/{uuid.uuid4().hex}"
     write(tmp_uri)
-    tmp_fs, tmp = _hadoop_fs(spark, tmp_uri)
+    tmp_fs, tmp = hadoop_fs(spark, tmp_uri)
     marker = jvm_path(tmp, "_SUCCESS")
     if not tmp_fs.exists(marker):  # the cluster may turn Spark's own marker off
         tmp_fs.create(marker).close()
