@@ -37,3 +37,13 @@ def test_run_day_is_the_logical_date_or_when_the_run_was_due():
     assert run_day({"logical_date": logical, "dag_run": run}) == "2026-11-22"
     # Asset-triggered runs have no logical date in Airflow 3.
     assert run_day({"logical_date": None, "dag_run": run}) == "2026-11-23"
+
+
+def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_the_demo_data():
+    import pytest
+    from airflow.sdk.exceptions import AirflowFailException
+    from sparktune_airflow.feedback_operators import BatchInferenceOperator
+
+    operator = BatchInferenceOperator(task_id="score", source_uri=" ", output_uri="/tmp/out", model_name="m")
+    with pytest.raises(AirflowFailException, match="source_uri is empty"):
+        operator.execute({})
