@@ -11,7 +11,7 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo run score models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
+.PHONY: help venv browser demo run score models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -36,6 +36,26 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 venv: $(VENV)/.installed
 
+# The browser test (tests/stack/test_ui.py) drives Debian's chromium through Playwright, with
+# executable_path=/usr/bin/chromium: never `playwright install`, which downloads its own build.
+# The file target installs the package only when the binary is missing (apt-get update first
+# only if the index is stale); the stamp records that Playwright launched it once.
+CHROMIUM := /usr/bin/chromium
+APT_GET := DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else echo "chromium is needed for the browser test; as root run: apt-get install -y --no-install-recommends chromium"; exit 1; fi; \
+	$$sudo env $(APT_GET) install chromium || { $$sudo env $(APT_GET) update && $$sudo env $(APT_GET) install chromium; }
+	test -x $@
+
+$(VENV)/.browser: $(CHROMIUM) $(VENV)/.installed
+	$(PY) -c 'from playwright.sync_api import sync_playwright as p; c = p().start(); b = c.chromium.launch(executable_path="$(CHROMIUM)"); print("playwright drives chromium", b.version); b.close(); c.stop()'
+	touch $@
+
+browser: $(VENV)/.browser
+
 demo: venv
 	$(PY) -m sparktune.demo_data --rows $(DEMO_ROWS) --out $(SPARKTUNE_HOME)/data/support_tickets.jsonl
 	$(PY) -m sparktune_airflow.embedded run --dag llm_finetune --conf '$(CONF)' --tiny-model-recipe
@@ -56,7 +76,7 @@ score: venv
 models: venv
 	$(PY) -m sparktune.models_report --model-name '$(MODEL)'
 
-test: venv
+test: venv $(VENV)/.browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: venv
