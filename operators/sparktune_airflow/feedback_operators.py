@@ -21,6 +21,7 @@ from sparktune.config import settings
 from sparktune_airflow.assets import CHAMPION_ASSET_NAME
 from sparktune_airflow.lineage import ReportsLineage
 from sparktune_airflow.links import SparkUILink
+from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 from sparktune_airflow.operators import (
     _mlflow_client,
     _run_dir,
@@ -52,7 +53,7 @@ def champion_event(context: Any) -> dict[str, Any] | None:
     return dict(newest.extra) if newest is not None else None
 
 
-class BatchInferenceOperator(ReportsLineage, SparkSubmitOperator):
+class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOperator):
     """Scores a table or path with ``models:/<model_name>@<model_alias>`` over Spark.
 
     Runs ``sparktune.jobs.batch_inference`` through spark-submit on ``conn_id`` (``local[*]`` or a
@@ -241,7 +242,7 @@ def _champion_labels(model_name: str) -> list[str] | None:
     return [str(label) for label in json.loads(tag)] if tag else None
 
 
-class RecordCorrectionsOperator(PySparkOperator):
+class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
     """Adds a file of human corrections (``id, label`` [, ``text``, ``corrected_at``]) to the feedback
     table as one batch per DAG run (a rerun replaces its own batch).
 
@@ -370,7 +371,7 @@ class MergeFeedbackOperator(PySparkOperator):
         return MergeResult.unchanged(_source_uri(params), params.source_format).to_summary()
 
 
-class SkipUnchangedOperator(BaseOperator, SkipMixin):
+class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     """Skips everything downstream when the run would train the current champion again.
 
     Compares the run's data fingerprint, config hash and code fingerprint with the champion version's

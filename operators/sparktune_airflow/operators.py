@@ -34,6 +34,7 @@ from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
 from sparktune_airflow.lineage import ReportsLineage
 from sparktune_airflow.links import DataDocsLink, MLflowModelVersionLink, MLflowRunLink, SparkUILink
+from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 
 
 def job_path(job: str) -> str:
@@ -533,7 +534,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
         )
 
 
-class TrainModelOperator(ReportsLineage, DatabricksTrainingMixin, BaseOperator):
+class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainingMixin, BaseOperator):
     """Submits the training entry point (``sparktune.jobs.train``) to the run's ``train_backend``.
 
     - ``local``: a process on this worker, its log streamed into the task log.
@@ -754,7 +755,7 @@ def experiment_name(model_name: str) -> str:
     return f"sparktune-{model_name}"
 
 
-class RegisterModelOperator(ReportsLineage, BaseOperator):
+class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
     """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``.
 
     Returns ``model_name``, ``version`` and the alias move. MLflow is the one at ``MLFLOW_TRACKING_URI``.
@@ -851,7 +852,7 @@ class RegisterModelOperator(ReportsLineage, BaseOperator):
         )
 
 
-class EvaluateModelOperator(BaseOperator):
+class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     """Challenger and current champion on the same frozen test split; metrics to the challenger's run.
 
     Returns both models' flat metrics and versions (the champion's are None when there is none).
@@ -929,7 +930,7 @@ class EvaluateModelOperator(BaseOperator):
         }
 
 
-class PromotionGateOperator(BaseOperator, SkipMixin):
+class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly).
 
     Returns the decision, its reasons and the champion version it compared against.
@@ -979,7 +980,7 @@ class PromotionGateOperator(BaseOperator, SkipMixin):
         return {**decision.to_summary(), "champion_version": evaluation["champion_version"]}
 
 
-class PromoteModelOperator(BaseOperator):
+class PromoteModelOperator(UsesMLflowConnection, BaseOperator):
     """Moves one alias to the challenger; for ``champion`` it first checks nobody promoted in between.
 
     Every move is written to the audit log (MLflow experiment ``sparktune-registry-audit``) with
@@ -1054,7 +1055,7 @@ class PromoteModelOperator(BaseOperator):
         return move.to_summary()
 
 
-class SmokeTestOperator(BaseOperator):
+class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
     """Loads ``models:/NAME@alias`` with ``mlflow.pyfunc`` as a user would and predicts on sample rows.
 
     Every answer must be a label; load time and per-row latency go to the training run and to the

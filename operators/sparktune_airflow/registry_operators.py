@@ -8,10 +8,11 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
+from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 from sparktune_airflow.operators import _actor, _mlflow_client
 
 
-class RollbackChampionOperator(BaseOperator):
+class RollbackChampionOperator(UsesMLflowConnection, BaseOperator):
     """Moves ``champion`` back to ``to_version`` (empty: the ``previous_champion`` alias).
 
     A thin shell over :func:`sparktune.registry.rollback_champion`: the move is written to the

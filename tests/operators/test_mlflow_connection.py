@@ -1,0 +1,51 @@
+"""The MLflow-facing operators reach MLflow through the ``mlflow_default`` Airflow connection."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from airflow.sdk import Connection
+from sparktune_airflow.mlflow_connection import tracking_env, use_mlflow_connection
+
+
+def test_http_connection_gives_the_server_and_its_credentials():
+    conn = Connection(
+        conn_id="mlflow_default", conn_type="https", host="mlflow.example.com", port=443,
+        login="svc", password="s3cret", extra=json.dumps({"token": "tok"}),
+    )  # fmt: skip
+    assert tracking_env(conn) == {
+        "MLFLOW_TRACKING_URI": "https://mlflow.example.com:443",
+        "MLFLOW_TRACKING_USERNAME": "svc",
+        "MLFLOW_TRACKING_PASSWORD": "s3cret",
+        "MLFLOW_TRACKING_TOKEN": "tok",
+    }
+
+
+def test_tracking_uri_in_the_extra_wins_and_a_missing_host_names_the_fix():
+    conn = Connection(conn_id="m", conn_type="generic", extra=json.dumps({"tracking_uri": "databricks"}))
+    assert tracking_env(conn) == {"MLFLOW_TRACKING_URI": "databricks"}
+    with pytest.raises(ValueError, match="AIRFLOW_CONN_MLFLOW_DEFAULT"):
+        tracking_env(Connection(conn_id="m", conn_type="http"))
+
+
+def test_operator_points_its_process_at_the_connection_before_execute(monkeypatch):
+    # An environment-variable connection, as the native stack and docker-compose define it.
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": 5999}))  # fmt: skip
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-another-server")
+    from sparktune_airflow.operators import PromoteModelOperator
+
+    operator = PromoteModelOperator(task_id="promote", model_name="m", version="1", alias="staging")
+    operator.pre_execute({})
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5999"
+    assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
+
+
+def test_without_the_connection_the_environment_decides(monkeypatch):
+    monkeypatch.delenv("AIRFLOW_CONN_MLFLOW_DEFAULT", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///kept.db")
+    assert use_mlflow_connection("mlflow_default") is None
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///kept.db"
+    assert use_mlflow_connection(None) is None
