@@ -55,6 +55,7 @@ with DAG(
         "model_name": Param(
             DEFAULT_MODEL_NAME,
             type="string",
+            minLength=1,
             description="Registered model (a champion-alias event that triggers the run names its own).",
         ),
         "model_alias": Param("champion", type="string", minLength=1, description="Alias to score with."),
@@ -70,7 +71,7 @@ with DAG(
         ),
         "feedback_uri": Param(
             settings().feedback_uri,
-            type="string",
+            type=["string", "null"],  # the form sends an emptied field as null: no feedback table
             description="Feedback table that receives the scored rows for review; empty: none.",
         ),
     },

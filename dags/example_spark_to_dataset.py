@@ -38,7 +38,7 @@ with DAG(
 ) as dag:
     check_source = SparkQualityGateOperator(
         task_id="check_source",
-        source_uri="{{ params.source_uri }}",
+        source_uri="{{ params.source_uri or '' }}",  # an emptied form field is null
         pipeline_params={**COLUMNS, "min_rows": 100, "max_null_rate": 0.05},
     )
 

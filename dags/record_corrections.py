@@ -37,6 +37,7 @@ with DAG(
         "model_name": Param(
             DEFAULT_MODEL_NAME,
             type="string",
+            minLength=1,
             description="Model whose champion's labels the corrections use.",
         ),
     },

@@ -38,9 +38,10 @@ with DAG(
             title="model_name",
             description="Registered model name in MLflow whose champion to roll back.",
         ),
+        # Optional fields are nullable: the trigger form sends an emptied field as null.
         "to_version": Param(
             "",
-            type="string",
+            type=["string", "null"],
             pattern=r"^\s*[0-9]*\s*$",
             title="to_version",
             description="Version number to make champion. Empty: the version the previous_champion "
@@ -48,7 +49,7 @@ with DAG(
         ),
         "reason": Param(
             "",
-            type="string",
+            type=["string", "null"],
             title="reason",
             description="Why you roll back; recorded in the audit log. Empty: 'rollback requested by' "
             "this DAG run.",
@@ -60,6 +61,6 @@ with DAG(
     RollbackChampionOperator(
         task_id="rollback_champion",
         model_name="{{ params.model_name }}",
-        to_version="{{ params.to_version }}",
-        reason="{{ params.reason }}",
+        to_version="{{ params.to_version or '' }}",
+        reason="{{ params.reason or '' }}",
     )

@@ -1,9 +1,11 @@
 """The pipeline's parameters: one typed spec that the trigger form, the tasks and the tests share.
 
 Each parameter is a flat scalar or an enum with a description, bounds and a default (object
-and array params break the Airflow trigger form). The DAG builds its ``Param`` objects from
-``PARAM_SPECS``; tasks rebuild a validated :class:`PipelineParams` from the run's params, so
-a bad value is reported once, with every other bad value, before any work starts.
+and array params break the Airflow trigger form). A string is either required (``min_length=1``:
+the form refuses it empty) or optional: the form sends an emptied field as null, which means "".
+The DAG builds its ``Param`` objects from ``PARAM_SPECS``; tasks rebuild a validated
+:class:`PipelineParams` from the run's params, so a bad value is reported once, with every
+other bad value, before any work starts.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class ParamSpec:
     maximum: float | None = None
     enum: tuple[str, ...] | None = None
     section: str = "Data"
+    # Strings only: 1 = must not be empty (the trigger form marks it required); None = may be empty.
+    min_length: int | None = None
 
 
 PARAM_SPECS: tuple[ParamSpec, ...] = (
@@ -44,8 +48,8 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "How to read source_uri. auto: by file extension; a name without a path separator is a table.",
         enum=("auto", "parquet", "csv", "json", "table"),
     ),
-    ParamSpec("text_column", "string", "message", "Column holding the text to classify."),
-    ParamSpec("label_column", "string", "intent_label", "Column holding the label."),
+    ParamSpec("text_column", "string", "message", "Column holding the text to classify.", min_length=1),
+    ParamSpec("label_column", "string", "intent_label", "Column holding the label.", min_length=1),
     ParamSpec(
         "quality_column",
         "string",
@@ -124,6 +128,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         MISTRAL_INSTRUCT_TEMPLATE,
         "Training text template with {text} and {label}; the model learns to complete what follows {text}.",
         section="Preparation",
+        min_length=1,
     ),
     ParamSpec(
         "min_rows_per_label",
@@ -205,6 +210,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         f"Hugging Face hub id or local model folder. '{TINY_BASE_MODEL}': a small LLaMA-style model "
         "built and pre-trained here, for machines without a hub.",
         section="Training",
+        min_length=1,
     ),
     ParamSpec(
         "task",
@@ -375,6 +381,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         DEFAULT_MODEL_NAME,
         "Registered model name in MLflow.",
         section="Promotion",
+        min_length=1,
     ),
     ParamSpec(
         "gate_mode",
@@ -511,10 +518,14 @@ class InvalidParamsError(ValueError):
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
     if spec.type == "string":
+        if value is None:  # the trigger form sends an emptied optional field as null
+            value = ""
         if not isinstance(value, str):
             return value, f"{spec.name}: expected a string, got {value!r}"
         if spec.enum and value not in spec.enum:
             return value, f"{spec.name}: {value!r} is not one of {', '.join(spec.enum)}"
+        if spec.min_length and len(value.strip()) < spec.min_length:
+            return value, f"{spec.name}: must not be empty"
         return value, None
     if spec.type == "boolean":
         if not isinstance(value, bool):
@@ -562,9 +573,6 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
         problems.append("prompt_template: needs both {text} and {label} placeholders")
     elif template.index("{label}") < template.index("{text}"):
         problems.append("prompt_template: {label} must come after {text} (the model completes the label)")
-    for column in ("text_column", "label_column"):
-        if not values[column].strip():
-            problems.append(f"{column}: must name a column")
     if values["packing"] and values["task"] == "sequence_classification":
         problems.append(
             "packing: task=sequence_classification scores each text on its own (one label per text, "
@@ -577,8 +585,6 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
         for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type"):
             if not values[name].strip():
                 problems.append(f"{name}: the databricks backend needs it (see its description)")
-    if not values["model_name"].strip():
-        problems.append("model_name: must not be empty")
     return problems
 
 

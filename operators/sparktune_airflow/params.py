@@ -9,7 +9,16 @@ from sparktune.params import PARAM_SPECS, ParamSpec
 
 
 def _param(spec: ParamSpec) -> Param:
-    schema: dict[str, Any] = {"type": spec.type, "title": spec.name, "section": spec.section}
+    # An optional string is nullable: the form sends an emptied field as null (parse_params reads
+    # it as ""), while a plain "string" field counts as required and an empty one blocks the form.
+    optional_string = spec.type == "string" and not spec.enum and not spec.min_length
+    schema: dict[str, Any] = {
+        "type": ["string", "null"] if optional_string else spec.type,
+        "title": spec.name,
+        "section": spec.section,
+    }
+    if spec.min_length:
+        schema["minLength"] = spec.min_length
     if spec.enum:
         schema["enum"] = list(spec.enum)
     if spec.minimum is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -98,14 +99,47 @@ def test_the_dags_form_a_loop_through_assets(dagbag):
     assert dagbag.dags["record_corrections"].get_task("record").outlets == [feedback_asset()]
 
 
+SCALARS = ("string", "integer", "number", "boolean")
+# "value: what it does" in a description lists the choices of a param: those need an enum.
+CHOICE_IN_DESCRIPTION = re.compile(r"(?:^|[.;] )([a-z][a-z0-9_]*): ")
+
+
+def _form_type(schema: dict) -> tuple[str, bool]:
+    """The field's one scalar type and whether it may be empty (null): what the trigger form draws."""
+    declared = schema.get("type")
+    types = declared if isinstance(declared, list) else [declared]
+    scalars = [t for t in types if t != "null"]
+    assert len(scalars) == 1 and scalars[0] in SCALARS, f"not one flat scalar type: {declared!r}"
+    return scalars[0], "null" in types
+
+
 def test_params_are_flat_typed_and_described(dagbag):
+    """What the trigger form needs from every param of every DAG: a typed field with a description,
+    bounds, a default it accepts and an enum for choices. A string without "null" in its type is
+    required (the form refuses it empty), so an optional one must be nullable."""
+    from airflow.sdk.definitions.param import NOTSET
+
     for dag_id, dag in dagbag.dags.items():
         for name, param in dag.params.items():
+            where = f"{dag_id} param {name}"
             schema = param.schema
-            assert schema.get("type") in ("string", "integer", "number", "boolean"), (dag_id, name, schema)
-            assert param.description, f"{dag_id} param {name} has no description"
-            if schema["type"] in ("integer", "number"):
-                assert "minimum" in schema and "maximum" in schema, (dag_id, name)
+            kind, nullable = _form_type(schema)
+            assert param.description, f"{where} has no description"
+            if param.value is NOTSET:
+                # Only an input the user must give may go without a default (record_corrections's file).
+                assert kind == "string" and not nullable and schema.get("minLength", 0) >= 1, where
+            else:
+                param.resolve()  # the default passes its own schema (raises otherwise)
+            if kind in ("integer", "number"):
+                assert "minimum" in schema and "maximum" in schema, f"{where} has no bounds"
+                assert schema["minimum"] <= param.value <= schema["maximum"], where
+            if kind == "string" and "enum" not in schema and param.value == "":
+                assert nullable, f"{where} defaults to empty, so it must be nullable or the form blocks"
+            choices = set(CHOICE_IN_DESCRIPTION.findall(param.description))
+            if kind == "string" and len(choices) >= 2:
+                assert choices <= set(schema.get("enum", ())), f"{where} describes choices {choices}: enum"
+            if "enum" in schema:
+                assert not nullable and param.value in schema["enum"], where
 
 
 @pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.name)

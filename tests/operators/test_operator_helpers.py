@@ -48,6 +48,16 @@ def test_trigger_form_carries_every_spec_with_bounds_and_enums():
     assert set(trigger_form_params(["model_name"])) == {"model_name"}
 
 
+def test_trigger_form_requires_only_the_strings_that_must_not_be_empty():
+    # The form marks a field required unless its type allows null, and sends an emptied field as null.
+    params = trigger_form_params()
+    assert params["source_uri"].schema["type"] == ["string", "null"]
+    assert params["lora_modules_to_save"].schema["type"] == ["string", "null"]
+    assert params["text_column"].schema["type"] == "string"
+    assert params["text_column"].schema["minLength"] == 1
+    assert params["gate_mode"].schema["type"] == "string"  # an enum: one of its values
+
+
 def test_config_hash_follows_every_param():
     base = parse_params({})
     assert config_hash(base) == config_hash(parse_params({}))

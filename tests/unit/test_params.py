@@ -53,3 +53,14 @@ def test_integers_accept_integral_floats_but_not_bools():
         parse_params({"lora_r": True})
     with pytest.raises(InvalidParamsError, match="lora_r"):
         parse_params({"lora_r": 8.5})
+
+
+def test_an_emptied_optional_string_is_empty_and_a_required_one_is_refused():
+    # The trigger form sends an emptied optional field as null.
+    params = parse_params({"source_uri": None, "id_column": None, "lora_modules_to_save": None})
+    assert (params.source_uri, params.id_column, params.lora_modules_to_save) == ("", "", "")
+    with pytest.raises(InvalidParamsError) as info:
+        parse_params({"text_column": None, "model_name": " ", "base_model": ""})
+    assert info.value.problems == [
+        f"{name}: must not be empty" for name in ("base_model", "model_name", "text_column")
+    ]
