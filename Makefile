@@ -11,13 +11,14 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv browser demo run score models test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
+.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
 	@echo "make score           score new texts with the champion (batch_inference DAG), Parquet by date"
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
+	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
@@ -75,6 +76,17 @@ score: venv
 # Read-only: prints what the registry in SPARKTUNE_HOME (or MLFLOW_TRACKING_URI) holds.
 models: venv
 	$(PY) -m sparktune.models_report --model-name '$(MODEL)'
+
+# The docker-compose topology without Docker, all on 127.0.0.1 (sparktune_airflow/stack.py). Ports and
+# the PostgreSQL server: SPARKTUNE_STACK_{AIRFLOW,MLFLOW,SPARK,SPARK_UI,SPARK_WORKER_UI}_PORT, SPARKTUNE_STACK_PG.
+stack: venv
+	$(PY) -m sparktune_airflow.stack up
+
+stack-down: venv
+	$(PY) -m sparktune_airflow.stack down
+
+stack-status: venv
+	$(PY) -m sparktune_airflow.stack status
 
 test: venv $(VENV)/.browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)

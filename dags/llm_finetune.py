@@ -6,8 +6,8 @@ dataset -> LoRA fine-tuning -> evaluation against the champion -> MLflow aliases
 `staging` -> smoke test of `models:/NAME@staging` -> `champion` (an asset event that starts
 `batch_inference`).
 
-Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC) and whenever the training
-source or feedback asset is updated. A run whose data fingerprint, config and code are the
+Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC; `off` for none) and
+whenever the training source or feedback asset is updated. A run whose data fingerprint, config and code are the
 champion's skips training and says why (`force_retrain` trains anyway).
 
 Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
@@ -39,6 +39,15 @@ from sparktune_airflow.feedback_operators import MergeFeedbackOperator, SkipUnch
 from sparktune_airflow.params import trigger_form_params
 
 
+def _schedule():
+    assets = training_source_asset() | feedback_asset()
+    if settings().retrain_cron is None:
+        return assets
+    return AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable(settings().retrain_cron, timezone="UTC"), assets=assets
+    )
+
+
 def _xcom(task_id: str, key: str | None = None) -> str:
     item = f"['{key}']" if key else ""
     return f"{{{{ ti.xcom_pull(task_ids='{task_id}'){item} }}}}"
@@ -47,10 +56,7 @@ def _xcom(task_id: str, key: str | None = None) -> str:
 with DAG(
     dag_id="llm_finetune",
     description="Fine-tune an LLM on labelled text from Spark and promote it through MLflow aliases",
-    schedule=AssetOrTimeSchedule(
-        timetable=CronTriggerTimetable(settings().retrain_cron, timezone="UTC"),
-        assets=(training_source_asset() | feedback_asset()),
-    ),
+    schedule=_schedule(),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

@@ -71,9 +71,11 @@ class Settings:
         return os.environ.get(FEEDBACK_ENV) or f"{self.lake_uri}/feedback"
 
     @property
-    def retrain_cron(self) -> str:
-        """When llm_finetune runs on its own besides its asset triggers (default: Mondays 03:00 UTC)."""
-        return os.environ.get(RETRAIN_CRON_ENV) or "0 3 * * 1"
+    def retrain_cron(self) -> str | None:
+        """When llm_finetune runs on its own besides its asset triggers (default: Mondays 03:00 UTC);
+        None (``SPARKTUNE_RETRAIN_CRON=off``) when only asset updates and people start it."""
+        value = os.environ.get(RETRAIN_CRON_ENV) or "0 3 * * 1"
+        return None if value.strip().lower() in ("off", "none") else value
 
     @property
     def incoming_source_path(self) -> Path:

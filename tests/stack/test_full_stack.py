@@ -1,0 +1,149 @@
+"""``llm_finetune`` on the production topology, driven the way an operator drives it: over REST.
+
+The stack (tests/stack/conftest.py) is `make stack` on free ports: Airflow on PostgreSQL with the
+LocalExecutor and separate api-server, scheduler, dag-processor and triggerer; an MLflow server on
+PostgreSQL; a Spark standalone master and worker. The DAG reaches Spark and MLflow only through
+the ``spark_default`` and ``mlflow_default`` connections; the test reads results only through the
+Airflow and MLflow REST APIs, and lineage from the file transport the stack configures.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import quote
+
+import psutil
+import pytest
+from sparktune.params import TINY_MODEL_RECIPE
+
+from .conftest import HTTPError, _request
+
+pytestmark = [pytest.mark.stack, pytest.mark.e2e]
+
+MODEL = "support-intent"
+
+
+def _stack_processes(stack) -> list[psutil.Process]:
+    from sparktune_airflow.stack import _read_pids
+
+    processes = []
+    for pid in _read_pids(stack.config).values():
+        root = psutil.Process(pid)
+        processes += [root, *root.children(recursive=True)]
+    return processes
+
+
+def test_services_listen_on_loopback_only_and_the_api_wants_a_login(stack):
+    listening = []
+    for process in _stack_processes(stack):
+        try:
+            sockets = process.net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        listening += [(process.name(), s.laddr) for s in sockets if s.status == psutil.CONN_LISTEN]
+    assert listening, "found no listening sockets of the stack"
+    exposed = [(name, addr) for name, addr in listening if addr.ip not in ("127.0.0.1", "::ffff:127.0.0.1")]
+    assert not exposed, exposed
+    with pytest.raises(HTTPError) as refused:
+        _request("GET", f"{stack.airflow_url}/api/v2/dags")
+    assert refused.value.status == 401
+    with pytest.raises(HTTPError) as wrong:
+        _request("POST", f"{stack.airflow_url}/auth/token", {"username": "admin", "password": "admin"})
+    assert wrong.value.status in (401, 403)  # the generated password, never a default one
+
+
+@pytest.fixture(scope="module")
+def rest_run(stack) -> dict:
+    """One llm_finetune run triggered through the REST API, waited for until it ends."""
+    stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
+    run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": TINY_MODEL_RECIPE})
+    run = stack.wait_for_run("llm_finetune", run["dag_run_id"])
+    tasks = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances")
+    run["tasks"] = {t["task_id"]: t for t in tasks["task_instances"]}
+    return run
+
+
+def _task_log_tail(stack, run: dict) -> str:
+    failed = [t for t, ti in run["tasks"].items() if ti["state"] not in ("success", "skipped")]
+    logs = []
+    for task in failed:
+        for path in stack.home.glob(f"stack/logs/tasks/dag_id=llm_finetune/run_id=*/task_id={task}/*.log"):
+            logs.append(f"--- {path}\n{path.read_text()[-3000:]}")
+    return "\n".join(logs) or "no failed task logs"
+
+
+def test_a_run_triggered_over_rest_succeeds_and_registers_a_champion_in_the_mlflow_server(stack, rest_run):
+    assert rest_run["state"] == "success", {t: ti["state"] for t, ti in rest_run["tasks"].items()}
+    assert rest_run["run_type"] == "manual"
+    assert rest_run["tasks"]["train"]["state"] == "success"
+
+    # The model, seen through MLflow's REST API.
+    version = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    tags = {t["key"]: t["value"] for t in version.get("tags", [])}
+    assert {"candidate", "staging", "champion"} <= set(version["aliases"])
+    assert tags["gate_decision"] == "promote"
+    run = stack.mlflow("/runs/get", run_id=version["run_id"])["run"]
+    metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+    run_tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+    assert 0.0 <= metrics["eval_accuracy"] <= 1.0
+    assert run_tags["sparktune.data_fingerprint"] == tags["data_fingerprint"]
+    assert run_tags["airflow.run_id"] == rest_run["dag_run_id"]
+    # Artifacts went through the server to its artifact store, not to a path on the worker.
+    experiment = stack.mlflow("/experiments/get", experiment_id=run["info"]["experiment_id"])["experiment"]
+    assert experiment["artifact_location"].startswith("mlflow-artifacts:")
+    stored = list((stack.home / "stack" / "mlflow-artifacts").rglob("MLmodel"))
+    assert stored, "no model in the MLflow server's artifact store"
+    # Nothing fell back to the embedded SQLite store: MLflow came from the mlflow_default connection.
+    assert not (stack.home / "mlflow" / "mlflow.db").exists()
+
+
+def test_the_spark_steps_ran_on_the_standalone_master(stack, rest_run):
+    master = _request("GET", f"http://{stack.config.host}:{stack.config.spark_ui_port}/json/")
+    apps = {app["name"] for app in master["completedapps"] + master["activeapps"]}
+    assert any("prepare_data" in name for name in apps), apps
+
+
+def test_extra_links_point_at_the_run_and_the_model_version_in_the_mlflow_ui(stack, rest_run):
+    run_id = quote(rest_run["dag_run_id"], safe="")
+    train = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/train/links")
+    version = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    assert train["MLflow run"] == f"{stack.mlflow_url}/#/runs/{version['run_id']}"
+    promote = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/promote_champion/links")
+    assert promote["MLflow model version"].endswith(f"/#/models/{MODEL}/versions/{version['version']}")
+    prepare = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/prepare_data/links")
+    assert prepare["Spark UI"].startswith(f"http://{stack.config.host}:{stack.config.spark_ui_port}")
+
+
+def _completed_events(stack, run_id: str) -> dict[str, dict]:
+    events = {}
+    for line in (stack.home / "lineage" / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event.get("eventType") != "COMPLETE":
+            continue
+        dag_run = event["run"]["facets"].get("airflow", {}).get("dagRun", {})
+        if dag_run.get("run_id") == run_id:
+            events[event["job"]["name"].removeprefix("llm_finetune.")] = event
+    return events
+
+
+def _names(datasets: list[dict]) -> set[tuple[str, str]]:
+    return {(d["namespace"], d["name"]) for d in datasets}
+
+
+def test_lineage_chains_source_splits_dataset_and_model_version_at_the_fingerprint(stack, rest_run):
+    events = _completed_events(stack, rest_run["dag_run_id"])
+    prepare, materialize = events["prepare_data"], events["materialize_dataset"]
+    train, register = events["train"], events["register"]
+    # Each step's inputs are the previous step's outputs.
+    assert _names(prepare["outputs"]) == _names(materialize["inputs"])
+    assert _names(materialize["outputs"]) == _names(train["inputs"])
+    assert _names(train["outputs"]) == _names(register["inputs"])
+    assert any("support_tickets" in name for _, name in _names(prepare["inputs"]))
+    [(_, model_version)] = _names(register["outputs"])
+    version = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    assert model_version.endswith(f"{MODEL}/{version['version']}")
+    # Every dataset of the chain carries the run's data fingerprint as its version.
+    fingerprint = {t["key"]: t["value"] for t in version["tags"]}["data_fingerprint"]
+    for step in (prepare, materialize, train, register):
+        for dataset in step["inputs"] + step["outputs"]:
+            assert dataset["facets"]["version"]["datasetVersion"] == fingerprint, (step["job"], dataset)
