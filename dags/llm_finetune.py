@@ -7,8 +7,8 @@ dataset -> LoRA fine-tuning -> evaluation against the champion -> MLflow aliases
 `batch_inference`).
 
 Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC; `off` for none) and
-whenever the training source or feedback asset is updated. A run whose data fingerprint, config and code are the
-champion's skips training and says why (`force_retrain` trains anyway).
+whenever the training source or feedback asset is updated. A run whose data fingerprint, config
+and code are the champion's skips training and says why (`force_retrain` trains anyway).
 
 Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
 package. XCom carries ids, URIs, fingerprints and counts only.
