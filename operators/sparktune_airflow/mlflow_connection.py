@@ -6,7 +6,8 @@ credentials MLflow's own variables, in the task's process only. MLflow's client 
 so do the processes the task starts (training, evaluation, the smoke test, spark-submit drivers),
 so credentials live in the connection or a secrets backend and nowhere in a DAG file.
 
-- ``http://host:port`` / ``https://...`` connection: that server; login and password become
+- an ``http``/``https`` connection (``AIRFLOW_CONN_MLFLOW_DEFAULT=http://host:port``), or a
+  ``generic`` one whose schema says ``http``/``https``: that server; login and password become
   ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``; ``{"token": ...}`` in the extra
   becomes ``MLFLOW_TRACKING_TOKEN``.
 - ``{"tracking_uri": "databricks"}`` (or any URI) in the extra wins over host and port.

@@ -173,8 +173,9 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(
                 {"conn_type": "spark", "host": f"spark://{config.host}", "port": config.spark_port}
             ),
+            # "generic": no HTTP provider is installed; the schema says http (see mlflow_connection).
             "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(
-                {"conn_type": "http", "host": config.host, "port": config.mlflow_port}
+                {"conn_type": "generic", "host": config.host, "port": config.mlflow_port, "schema": "http"}
             ),
             # Experiments keep artifacts behind the server (--artifacts-destination), as in compose.
             "SPARKTUNE_MLFLOW_ARTIFACTS": "mlflow-artifacts:/sparktune",

@@ -49,3 +49,9 @@ def test_without_the_connection_the_environment_decides(monkeypatch):
     assert use_mlflow_connection("mlflow_default") is None
     assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///kept.db"
     assert use_mlflow_connection(None) is None
+
+
+def test_generic_connection_takes_its_scheme_from_the_schema():
+    # What `make stack` and docker-compose.yaml define: no HTTP provider is installed.
+    conn = Connection(conn_id="mlflow_default", conn_type="generic", host="mlflow", port=5000, schema="http")
+    assert tracking_env(conn) == {"MLFLOW_TRACKING_URI": "http://mlflow:5000"}
