@@ -437,12 +437,20 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "(otherwise such a run skips training and says why).",
         section="Promotion",
     ),
+    ParamSpec(
+        "trust_remote_code",
+        "boolean",
+        False,
+        "Let transformers import and run the Python code a model folder or hub repo ships (config "
+        "auto_map). Off: such a model is refused. Turn on only for a model whose code you trust.",
+        section="Training",
+    ),
 )
 
 SPECS_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
 # Switches that decide whether or how a run happens, not what model it trains: left out of
 # the config hash, so flipping them does not make the same training look new.
-RUN_SWITCHES = frozenset({"force_retrain", "merge_feedback"})
+RUN_SWITCHES = frozenset({"force_retrain", "merge_feedback", "trust_remote_code"})
 
 
 @dataclass(frozen=True)
@@ -500,6 +508,7 @@ class PipelineParams:
     smoke_max_invalid_rate: float
     merge_feedback: bool = True
     force_retrain: bool = False
+    trust_remote_code: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
