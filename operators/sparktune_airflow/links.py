@@ -1,11 +1,12 @@
 """Extra links of the sparktune operators: the MLflow run, the registered model version, the GX Data
-Docs page and the Spark master UI.
+Docs page, the Spark master UI and the Databricks run.
 
 Airflow 3 calls ``get_link(operator, ti_key=...)`` on the worker when the task ends and stores the
 URL in XCom under the link's ``xcom_key``; the UI reads that XCom (the serialized DAG keeps only
 the link's name and key), so no plugin registers these links. Each link reads the task's return
 value (XCom ``return_value``) and builds its URL with a plain function, tested without Airflow.
-An empty string leaves the button disabled (the task failed, or there is no page to show).
+An empty string shows no button (the task failed, or there is no page to show); the UI also drops
+links that are not http(s), such as the ``file://`` Data Docs page without ``SPARKTUNE_DATA_DOCS_URL``.
 
 MLflow pages: the server at ``MLFLOW_TRACKING_URI`` when it is http(s); with the embedded SQLite
 store, ``make mlflow-ui`` serves it at http://127.0.0.1:5000 (``SPARKTUNE_MLFLOW_UI_URL`` changes
@@ -127,6 +128,23 @@ class DataDocsLink(BaseOperatorLink):
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         return data_docs_url(_as_mapping(_task_result(ti_key)))
+
+
+class DatabricksRunLink(BaseOperatorLink):
+    """The Databricks run page of a ``train_backend=databricks`` training (``TrainModelOperator``).
+
+    The provider's ``DatabricksJobRunLink`` returns None when the task started no Databricks run
+    (every other backend); Airflow stores that as the string "None", which the UI shows as a
+    button to a page that does not exist. This reads the same XCom and gives "" (no button)."""
+
+    name = "Databricks run"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from airflow.providers.databricks.operators.databricks import XCOM_RUN_PAGE_URL_KEY
+        from airflow.sdk.execution_time.xcom import XCom
+
+        url = XCom.get_value(ti_key=ti_key, key=XCOM_RUN_PAGE_URL_KEY)
+        return str(url) if url else ""
 
 
 class SparkUILink(BaseOperatorLink):

@@ -22,7 +22,6 @@ from airflow.configuration import conf
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.providers.databricks.operators.databricks import DatabricksJobRunLink
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
@@ -33,7 +32,13 @@ from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, p
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
 from sparktune_airflow.lineage import ReportsLineage
-from sparktune_airflow.links import DataDocsLink, MLflowModelVersionLink, MLflowRunLink, SparkUILink
+from sparktune_airflow.links import (
+    DatabricksRunLink,
+    DataDocsLink,
+    MLflowModelVersionLink,
+    MLflowRunLink,
+    SparkUILink,
+)
 from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 
 
@@ -567,7 +572,7 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
     """
 
     template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
-    operator_extra_links = (DatabricksJobRunLink(), MLflowRunLink())
+    operator_extra_links = (DatabricksRunLink(), MLflowRunLink())
 
     def __init__(
         self,

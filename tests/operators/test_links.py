@@ -9,6 +9,7 @@ import pytest
 from sparktune_airflow import links
 from sparktune_airflow.feedback_operators import BatchInferenceOperator
 from sparktune_airflow.links import (
+    DatabricksRunLink,
     DataDocsLink,
     MLflowModelVersionLink,
     MLflowRunLink,
@@ -102,6 +103,18 @@ def test_data_docs_link_is_the_validation_page(xcom, tmp_path, monkeypatch):
     assert data_docs_url({"data_docs_index_uri": "file:///x/index.html"}, env={}) == "file:///x/index.html"
 
 
+def test_databricks_link_is_the_run_page_or_nothing(monkeypatch):
+    """The provider's link gives None without a Databricks run, stored as "None": a broken button."""
+    from airflow.sdk.execution_time import xcom
+
+    pushed = {}
+    monkeypatch.setattr(xcom.XCom, "get_value", staticmethod(lambda *, ti_key, key: pushed.get(key)))
+    link = DatabricksRunLink()
+    assert link.get_link(None, ti_key=TI_KEY) == ""  # train_backend=local: no button
+    pushed["run_page_url"] = "https://dbc.example.cloud.databricks.com/#job/1/run/2"
+    assert link.get_link(None, ti_key=TI_KEY) == pushed["run_page_url"]
+
+
 def test_spark_ui_link_from_the_master_the_task_submitted_to(monkeypatch):
     operator = SimpleNamespace(_hook=SimpleNamespace(_connection={"master": "spark://10.0.0.5:7077"}))
     assert SparkUILink().get_link(operator, ti_key=TI_KEY) == "http://10.0.0.5:8080"
@@ -124,7 +137,7 @@ def test_mlflow_ui_base():
     [
         (
             TrainModelOperator(task_id="train", dataset_uri="d", base_model="b", data_fingerprint="f"),
-            {"MLflow run"},
+            {"MLflow run", "Databricks run"},
         ),
         (RegisterModelOperator(task_id="register", run_id="r", model_name="m"), {"MLflow model version"}),
         (
