@@ -8,20 +8,22 @@ and its own state folder, so it never meets a stack a developer left running.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+try:
+    from tests.stack.stack_client import request as _request
+except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from stack_client import request as _request
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
 
@@ -77,27 +79,6 @@ class Stack:
             if run["state"] in ("success", "failed") or time.monotonic() > deadline:
                 return run
             time.sleep(5)
-
-
-class HTTPError(AssertionError):
-    def __init__(self, status: int, body: str):
-        super().__init__(f"HTTP {status}: {body[:2000]}")
-        self.status = status
-        self.body = body
-
-
-def _request(method: str, url: str, body: Any = None, token: str | None = None) -> Any:
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            payload = reply.read()
-    except urllib.error.HTTPError as exc:
-        raise HTTPError(exc.code, exc.read().decode(errors="replace")) from None
-    return json.loads(payload) if payload else None
 
 
 @pytest.fixture(scope="session")

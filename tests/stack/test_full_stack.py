@@ -16,7 +16,12 @@ import psutil
 import pytest
 from sparktune.params import TINY_MODEL_RECIPE
 
-from .conftest import HTTPError, _request
+try:
+    from tests.stack.stack_client import HTTPError
+    from tests.stack.stack_client import request as _request
+except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from stack_client import HTTPError
+    from stack_client import request as _request
 
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 
