@@ -20,12 +20,14 @@ from sparktune.config import settings
 
 from sparktune_airflow.assets import CHAMPION_ASSET_NAME
 from sparktune_airflow.lineage import ReportsLineage
-from sparktune_airflow.links import SparkUILink
+from sparktune_airflow.links import MLflowModelVersionLink, SparkUILink
 from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 from sparktune_airflow.operators import (
+    _flag,
     _mlflow_client,
     _run_dir,
     _submit_and_read_summary,
+    check_allowed_location,
     config_hash,
     job_path,
     pipeline_params,
@@ -76,6 +78,8 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         ``<feedback_uri>/predictions`` for review (see ``sparktune.feedback``).
     :param download_dir: where the model is downloaded once; every executor must read it under the
         same path (shared storage on a cluster). Default: ``SPARKTUNE_HOME/models/inference``.
+    :param trust_remote_code: (templated) let a model that ships its own Python code (``auto_map``)
+        load; default False: such a model is refused before any executor loads it.
     :param conn_id: the Spark connection (default ``spark_default``).
     """
 
@@ -91,6 +95,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         "min_score",
         "batch_size",
         "feedback_uri",
+        "trust_remote_code",
     )
     operator_extra_links = (SparkUILink(),)
 
@@ -109,6 +114,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         feedback_uri: str | None = None,
         download_dir: str | None = None,
         follow_champion_events: bool = True,
+        trust_remote_code: bool | str = False,
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
@@ -127,9 +133,10 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         self.feedback_uri = feedback_uri
         self.download_dir = download_dir
         self.follow_champion_events = follow_champion_events
+        self.trust_remote_code = trust_remote_code
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from sparktune.params import parse_params
+        from sparktune.params import InvalidParamsError, parse_params
         from sparktune.prepare import DataPreparationError, resolve_source_uri
 
         model_name = str(self.model_name)
@@ -149,8 +156,11 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
             source = resolve_source_uri(
                 parse_params({"source_uri": str(self.source_uri), "source_format": self.source_format})
             )
-        except DataPreparationError as exc:
+        except (DataPreparationError, InvalidParamsError) as exc:  # InvalidParamsError: allowed roots
             raise AirflowFailException(str(exc)) from exc
+        # Where it writes, against SPARKTUNE_ALLOWED_ROOTS too, before spark-submit.
+        check_allowed_location("output_uri", self.output_uri)
+        check_allowed_location("feedback_uri", self.feedback_uri)
         day = run_day(context)
         summary_path = _run_dir(context) / "batch_inference_summary.json"
         summary_path.unlink(missing_ok=True)
@@ -169,6 +179,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
             "--run-date", day,
             "--scored-at", f"{day}T00:00:00+00:00",
             "--summary-path", str(summary_path),
+            "--trust-remote-code", "true" if _flag(self.trust_remote_code) else "false",
         ]  # fmt: skip
         if self.feedback_uri:
             args += ["--feedback-uri", str(self.feedback_uri)]
@@ -279,6 +290,9 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
         from pathlib import Path
 
         uri = str(self.corrections_uri)
+        # Before the Spark session starts: the file to read and the table to write.
+        check_allowed_location("corrections_uri", uri, self.source_format)
+        check_allowed_location("feedback_uri", self.feedback_uri)
         if "://" not in uri:
             uri = str(Path(uri).expanduser().resolve())
         ti = context["ti"]
@@ -384,6 +398,8 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     """
 
     template_fields: Sequence[str] = ("model_name", "data_fingerprint", "pipeline_params")
+    # The champion version the run was compared with: what a skipped run would have trained again.
+    operator_extra_links = (MLflowModelVersionLink(),)
 
     def __init__(
         self,
@@ -418,4 +434,4 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         self.log.info("%s: %s", "training" if decision.train else "skipping training", decision.reason)
         if not decision.train:
             skip_downstream(self, context)
-        return decision.to_summary()
+        return {**decision.to_summary(), "model_name": str(self.model_name), "version": champion}

@@ -47,3 +47,37 @@ def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_t
     operator = BatchInferenceOperator(task_id="score", source_uri=" ", output_uri="/tmp/out", model_name="m")
     with pytest.raises(AirflowFailException, match="source_uri is empty"):
         operator.execute({})
+
+
+def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    from sparktune.params import parse_params
+    from sparktune.training import code_fingerprint
+    from sparktune_airflow import feedback_operators
+    from sparktune_airflow.feedback_operators import SkipUnchangedOperator
+    from sparktune_airflow.links import model_version_url
+    from sparktune_airflow.operators import config_hash
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    params = {"model_name": "intent"}
+    client.create_registered_model("intent")
+    version = client.create_model_version("intent", source=str(tmp_path), tags={
+        "data_fingerprint": "fp1", "config_hash": config_hash(parse_params(params)),
+        "code_fingerprint": code_fingerprint(),
+    }).version  # fmt: skip
+    client.set_registered_model_alias("intent", "champion", version)
+    skipped = []
+    monkeypatch.setattr(feedback_operators, "skip_downstream", lambda op, ctx: skipped.append(op.task_id))
+
+    def run(fingerprint: str) -> dict:
+        operator = SkipUnchangedOperator(
+            task_id="skip_unchanged", model_name="intent", data_fingerprint=fingerprint
+        )
+        return operator.execute({"params": params})
+
+    same = run("fp1")
+    assert skipped == ["skip_unchanged"] and not same["train"]
+    assert model_version_url(same, "http://mlflow") == f"http://mlflow/#/models/intent/versions/{version}"
+    assert run("fp2")["train"] and skipped == ["skip_unchanged"]  # new data: trains, skips nothing
