@@ -74,6 +74,12 @@ with DAG(
             type=["string", "null"],  # the form sends an emptied field as null: no feedback table
             description="Feedback table that receives the scored rows for review; empty: none.",
         ),
+        "trust_remote_code": Param(
+            False,
+            type="boolean",
+            description="Let a model that ships its own Python code (config auto_map) load. Off: such a "
+            "model is refused. Turn on only for a model whose code you trust.",
+        ),
     },
     render_template_as_native_obj=True,
     default_args=RETRY_DEFAULTS,
@@ -91,4 +97,5 @@ with DAG(
         min_score="{{ params.min_score }}",
         batch_size="{{ params.batch_size }}",
         feedback_uri="{{ params.feedback_uri }}",
+        trust_remote_code="{{ params.trust_remote_code }}",
     )

@@ -69,7 +69,9 @@ with DAG(
     validate_params = ValidateParamsOperator(task_id="validate_params")
 
     resolve_base_model = ResolveBaseModelOperator(
-        task_id="resolve_base_model", base_model="{{ params.base_model }}"
+        task_id="resolve_base_model",
+        base_model="{{ params.base_model }}",
+        trust_remote_code="{{ params.trust_remote_code }}",
     )
 
     merge_feedback = MergeFeedbackOperator(task_id="merge_feedback")

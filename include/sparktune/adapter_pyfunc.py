@@ -7,6 +7,11 @@ re-initialised at random, silently (DESIGN.md). This file is logged as the model
 base from ``model_config["base_model"]`` (a hub id, or a path the serving host can read) and
 applies the adapter logged as the artifact ``adapter``.
 
+Loading is safe as in ``sparktune.model_safety`` (this file cannot import it): weights as
+safetensors only (``use_safetensors=True``; an adapter without ``adapter_model.safetensors`` is
+refused), and the base's or tokenizer's own Python code runs only when ``model_config`` says
+``trust_remote_code: true``, which training records from its ``trust_remote_code`` param.
+
 ``predict`` takes prompts (a list of strings, or a DataFrame with a ``prompt`` or ``text``
 column) and returns the label each gets: the greedy completion for a causal LM, the arg max of
 the head through ``id2label`` for a sequence classifier.
@@ -36,14 +41,24 @@ def _prompts(model_input: Any) -> list[str]:
 
 class AdapterModel(PythonModel):
     def load_context(self, context):
+        from pathlib import Path
+
         import torch
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
         config = context.model_config
         adapter_dir = context.artifacts["adapter"]
+        trust = config.get("trust_remote_code") is True
+        load = {"trust_remote_code": trust, "use_safetensors": True}
+        if not (Path(adapter_dir) / "adapter_model.safetensors").is_file():
+            raise ValueError(
+                f"The adapter at {adapter_dir} has no adapter_model.safetensors; pickled weights "
+                "(adapter_model.bin) are not loaded because they can run code. Fix: load it with peft where "
+                "you trust the files and save_pretrained() it again (peft writes safetensors)."
+            )
         self.task = config.get("task", CAUSAL_LM)
-        self.tokenizer = AutoTokenizer.from_pretrained(adapter_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(adapter_dir, trust_remote_code=trust)
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         dtype = getattr(torch, config.get("dtype", "float32"))
@@ -51,13 +66,14 @@ class AdapterModel(PythonModel):
             labels = config["labels"]
             base = AutoModelForSequenceClassification.from_pretrained(
                 config["base_model"],
+                **load,
                 dtype=dtype,
                 num_labels=len(labels),
                 id2label=dict(enumerate(labels)),
                 label2id={name: i for i, name in enumerate(labels)},
             )
         else:
-            base = AutoModelForCausalLM.from_pretrained(config["base_model"], dtype=dtype)
+            base = AutoModelForCausalLM.from_pretrained(config["base_model"], **load, dtype=dtype)
         base.config.pad_token_id = self.tokenizer.pad_token_id
         self.model = PeftModel.from_pretrained(base, adapter_dir)
         self.model.eval()

@@ -159,10 +159,12 @@ def _fingerprint(folder: Path) -> str:
 
 def _check_loads(folder: Path) -> None:
     """Load the saved model the way later stages will, so a broken build never lands."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    AutoModelForCausalLM.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    from sparktune.model_safety import load_model, load_tokenizer
+
+    load_model(AutoModelForCausalLM, folder, trust_remote_code=False)
+    tokenizer = load_tokenizer(folder, trust_remote_code=False)
     decoded = tokenizer.decode(tokenizer(ROUND_TRIP_PROBE)["input_ids"], skip_special_tokens=True)
     if decoded != ROUND_TRIP_PROBE:
         raise RuntimeError(
@@ -313,12 +315,17 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or value in (".", "..")
 
 
-def ensure_base_model(name_or_path: str, models_dir: Path | None = None) -> str:
+def ensure_base_model(
+    name_or_path: str, models_dir: Path | None = None, *, trust_remote_code: bool = False
+) -> str:
     """Resolve a ``base_model`` param to what ``from_pretrained`` takes, building the built-in one.
 
     - ``"tiny-llama"``: the folder of the built-in model (``models_dir/base/tiny-llama``, or the
       one in :func:`sparktune.config.settings`), built first if it is missing.
-    - an existing local folder: its absolute path, once it is checked to hold a ``config.json``.
+    - an existing local folder: its absolute path, once it is checked to hold a ``config.json``,
+      safetensors weights (not only ``pytorch_model.bin``) and no code of its own unless
+      ``trust_remote_code`` (:func:`sparktune.model_safety.check_model_folder`, which raises
+      :class:`~sparktune.model_safety.UnsafeModelError`).
     - otherwise a hub id ``org/name``, returned unchanged: nothing is downloaded here.
     """
     value = name_or_path.strip()
@@ -343,6 +350,9 @@ def ensure_base_model(name_or_path: str, models_dir: Path | None = None) -> str:
                 f"base_model {value!r} is a folder but holds no config.json, so it is not a saved model: "
                 "point it at a folder written by save_pretrained (config.json, weights and tokenizer files)."
             )
+        from sparktune.model_safety import check_model_folder
+
+        check_model_folder(local, trust_remote_code=trust_remote_code)
         return str(local.resolve())
     if local.exists():
         raise BaseModelError(

@@ -102,10 +102,17 @@ def model_kwargs(labels: Sequence[str]) -> dict[str, Any]:
 
 
 def load_classifier(
-    base_model: str, tokenizer: PreTrainedTokenizerBase, peft_method: str, labels: Sequence[str]
+    base_model: str,
+    tokenizer: PreTrainedTokenizerBase,
+    peft_method: str,
+    labels: Sequence[str],
+    *,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """The base model with a fresh classification head of ``len(labels)`` outputs (seeded by the caller)."""
-    return _load_model(base_model, tokenizer, peft_method, **model_kwargs(labels))
+    return _load_model(
+        base_model, tokenizer, peft_method, trust_remote_code=trust_remote_code, **model_kwargs(labels)
+    )
 
 
 def lora_config(params: PipelineParams, model: Any) -> Any:

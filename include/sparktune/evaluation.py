@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sparktune.classification import CLASSIFICATION_COLUMNS, is_sequence_classifier
+from sparktune.model_safety import UnsafeModelError
 from sparktune.training import configure_process_logging, using_tracking_uri
 
 if TYPE_CHECKING:
@@ -328,15 +329,18 @@ def confusion_matrix_figure(result: EvalResult, path: str | Path, *, title: str 
 # Loading
 
 
-def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer from an MLflow model URI, a saved MLflow model folder, or a Hugging Face folder."""
+def load_components(
+    model_uri: str, *, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer from an MLflow model URI, a saved MLflow model folder, or a Hugging Face folder.
+
+    Safetensors weights only; the model's own code runs only with ``trust_remote_code``
+    (:mod:`sparktune.model_safety`). An MLflow model is downloaded and checked before MLflow loads it.
+    """
     import mlflow
-    from transformers import (
-        AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-    )
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from sparktune import model_safety as safe
 
     local = Path(model_uri).expanduser()
     if local.is_dir() and not (local / "MLmodel").exists():
@@ -345,15 +349,21 @@ def load_components(model_uri: str) -> tuple[PreTrainedModel, PreTrainedTokenize
                 f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
                 "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
             )
-        config = AutoConfig.from_pretrained(str(local))
+        config = safe.load_config(local, trust_remote_code=trust_remote_code)
         auto = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
-        return auto.from_pretrained(str(local)), AutoTokenizer.from_pretrained(str(local))
+        return (
+            safe.load_model(auto, local, trust_remote_code=trust_remote_code),
+            safe.load_tokenizer(local, trust_remote_code=trust_remote_code),
+        )
     if "://" not in model_uri and ":/" not in model_uri and not local.exists():
         raise EvaluationInputError(
             f"Model {model_uri!r} is neither an existing folder nor an MLflow URI "
             "(models:/name/3, models:/name@champion, runs:/<run id>/model)."
         )
-    components = mlflow.transformers.load_model(model_uri, return_type="components")
+    # MLflow loads a class transformers lacks with trust_remote_code=True on its own: check first.
+    downloaded = safe.local_model_dir(model_uri)
+    safe.check_model_tree(downloaded, trust_remote_code=trust_remote_code)
+    components = mlflow.transformers.load_model(str(downloaded), return_type="components")
     return components["model"], components["tokenizer"]
 
 
@@ -551,6 +561,7 @@ def evaluate_model(
     tracking_uri: str | None = None,
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES,
     bootstrap_seed: int = BOOTSTRAP_SEED,
+    trust_remote_code: bool = False,
 ) -> EvalResult:
     """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1,
     with 95% bootstrap intervals of accuracy, macro F1 and loss.
@@ -558,6 +569,7 @@ def evaluate_model(
     ``model_uri`` is an MLflow model URI (``models:/name/3``, ``models:/name@champion``,
     ``runs:/<id>/model``) or a local folder; ``tracking_uri`` sets where ``models:/`` and ``runs:/``
     resolve (default: ``MLFLOW_TRACKING_URI``). ``bootstrap_resamples=0`` skips the intervals.
+    ``trust_remote_code`` lets a model that ships its own Python code load (default: refused).
     """
     import torch
     from sklearn.metrics import f1_score
@@ -570,7 +582,7 @@ def evaluate_model(
     # The columns each kind of model needs are checked once the model tells its kind.
     dataset = _load_split(dataset_path, split, max_examples, required=("label",))
     with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
-        model, tokenizer = load_components(model_uri)
+        model, tokenizer = load_components(model_uri, trust_remote_code=trust_remote_code)
     classifier = is_sequence_classifier(model)
     _require_columns(dataset, CLASSIFICATION_COLUMNS if classifier else REQUIRED_COLUMNS, dataset_path, split)
     names, truth = _label_strings(dataset)
@@ -729,6 +741,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Resamples of the test examples for the 95%% confidence intervals (0: none).",
     )
     parser.add_argument("--bootstrap-seed", type=int, default=BOOTSTRAP_SEED)
+    parser.add_argument(
+        "--trust-remote-code",
+        choices=("true", "false"),
+        default="false",
+        help="Let a model that ships its own Python code (auto_map) load; default false: refused.",
+    )
     args = parser.parse_args(argv)
     try:
         result = evaluate_model(
@@ -740,8 +758,9 @@ def main(argv: list[str] | None = None) -> int:
             tracking_uri=args.tracking_uri,
             bootstrap_resamples=args.bootstrap_resamples,
             bootstrap_seed=args.bootstrap_seed,
+            trust_remote_code=args.trust_remote_code == "true",
         )
-    except EvaluationInputError as err:
+    except (EvaluationInputError, UnsafeModelError) as err:
         logger.error("%s", err)
         return 2
     except Exception:

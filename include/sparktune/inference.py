@@ -85,6 +85,8 @@ class ModelRef:
     task: str
     labels: tuple[str, ...]
     prompt_template: str = ""
+    # Executors load the model with it; resolve_model checked the folder with the same setting.
+    trust_remote_code: bool = False
 
     @property
     def uri(self) -> str:
@@ -114,6 +116,7 @@ def resolve_model(
     download_dir: str | Path | None = None,
     labels: Sequence[str] | None = None,
     prompt_template: str | None = None,
+    trust_remote_code: bool = False,
 ) -> ModelRef:
     """Resolve ``models:/model_name@alias`` and download that version's model folder once.
 
@@ -122,7 +125,9 @@ def resolve_model(
     else the version's ``labels`` tag (a JSON list), else the training run's dataset
     (``dataset_path`` param). The prompt template comes from ``prompt_template``, else the
     training run's ``prompt_template`` param. Raises :class:`InferenceInputError` when the alias
-    does not exist, naming the versions and aliases there are.
+    does not exist, naming the versions and aliases there are. The downloaded folder is checked
+    before any executor loads it (:mod:`sparktune.model_safety`): safetensors weights only, and no
+    code shipped with the model unless ``trust_remote_code``.
     """
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -147,6 +152,9 @@ def resolve_model(
             except MlflowException:
                 logger.warning("The run %s of %s v%s is gone.", version.run_id, model_name, version.version)
         local = _download(model_name, str(version.version), download_dir)
+    from sparktune.model_safety import check_model_tree
+
+    check_model_tree(local, trust_remote_code=trust_remote_code)
 
     task = _task_of(local, run_params)
     template = prompt_template or run_params.get("prompt_template", "")
@@ -172,6 +180,7 @@ def resolve_model(
         task=task,
         labels=tuple(str(label) for label in found),
         prompt_template=template if task == CAUSAL_LM else "",
+        trust_remote_code=trust_remote_code,
     )
     logger.info(
         "Resolved %s@%s -> version %s (%s, %d labels, data %s) at %s",
@@ -279,32 +288,38 @@ def _labels_of(tags: dict[str, str], run_params: dict[str, str], model_name: str
 _MODEL_CACHE: dict[str, tuple[Any, Any]] = {}
 
 
-def load_cached(local_path: str) -> tuple[Any, Any]:
+def load_cached(local_path: str, *, trust_remote_code: bool = False) -> tuple[Any, Any]:
     """(model, tokenizer) from ``local_path``, loaded once per Python process."""
-    if local_path not in _MODEL_CACHE:
-        model, tokenizer = _load_components(local_path)
+    key = f"{local_path}\0{bool(trust_remote_code)}"
+    if key not in _MODEL_CACHE:
+        model, tokenizer = _load_components(local_path, trust_remote_code)
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         model.eval()
-        _MODEL_CACHE[local_path] = (model, tokenizer)
-    return _MODEL_CACHE[local_path]
+        _MODEL_CACHE[key] = (model, tokenizer)
+    return _MODEL_CACHE[key]
 
 
-def _load_components(local_path: str) -> tuple[Any, Any]:
+def _load_components(local_path: str, trust_remote_code: bool = False) -> tuple[Any, Any]:
     """A transformers-flavour folder straight through transformers (no mlflow import per worker)."""
     from sparktune.evaluation import load_components
 
     weights, tokenizer_dir = Path(local_path) / "model", Path(local_path) / "components" / "tokenizer"
     if not ((weights / "config.json").exists() and tokenizer_dir.is_dir()):
-        return load_components(local_path)
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+        return load_components(local_path, trust_remote_code=trust_remote_code)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from sparktune.model_safety import load_model, load_tokenizer
 
     auto = (
         AutoModelForSequenceClassification
         if _task_of(Path(local_path), {}) == SEQUENCE_CLASSIFICATION
         else AutoModelForCausalLM
     )
-    return auto.from_pretrained(str(weights)), AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return (
+        load_model(auto, weights, trust_remote_code=trust_remote_code),
+        load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code),
+    )
 
 
 def score_texts(
@@ -545,7 +560,7 @@ def score_dataframe(
     def score_partitions(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        model, tokenizer = load_cached(ref.local_path)
+        model, tokenizer = load_cached(ref.local_path, trust_remote_code=ref.trust_remote_code)
         for frame in frames:
             texts = frame["text"].fillna("").astype(str).tolist()
             predictions, scores = score_texts(model, tokenizer, texts, ref, batch_size)

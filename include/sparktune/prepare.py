@@ -517,14 +517,17 @@ _TOKENIZERS: dict[str, Any] = {}
 _BACKENDS: dict[str, Any] = {}
 
 
-def load_tokenizer(tokenizer_path: str) -> Any:
-    """The tokenizer for ``tokenizer_path``, loaded once per Python process (executor workers too)."""
-    tokenizer = _TOKENIZERS.get(tokenizer_path)
-    if tokenizer is None:
-        from transformers import AutoTokenizer
+def load_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> Any:
+    """The tokenizer for ``tokenizer_path``, loaded once per Python process (executor workers too).
 
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        _TOKENIZERS[tokenizer_path] = tokenizer
+    Its own Python code (a custom tokenizer class) runs only with ``trust_remote_code``."""
+    key = f"{tokenizer_path}\0{bool(trust_remote_code)}"
+    tokenizer = _TOKENIZERS.get(key)
+    if tokenizer is None:
+        from sparktune import model_safety
+
+        tokenizer = model_safety.load_tokenizer(tokenizer_path, trust_remote_code=trust_remote_code)
+        _TOKENIZERS[key] = tokenizer
     return tokenizer
 
 
@@ -579,7 +582,7 @@ def count_tokens(tokenizer: Any, texts: pd.Series) -> pd.Series:
     return pd.Series(pd.array(values, dtype="Int32"), index=texts.index)
 
 
-def token_counter(tokenizer_path: str) -> Callable[[Column], Column]:
+def token_counter(tokenizer_path: str, trust_remote_code: bool = False) -> Callable[[Column], Column]:
     """An iterator pandas UDF counting tokens; each worker loads the tokenizer once, not per batch.
 
     The tokenizer is loaded here, on the driver, with transformers. When it is a fast tokenizer,
@@ -590,13 +593,16 @@ def token_counter(tokenizer_path: str) -> Callable[[Column], Column]:
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
-    backend = _fast_backend(load_tokenizer(tokenizer_path))
+    backend = _fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
     spec = backend.to_str() if backend is not None else None
 
     def n_tokens(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         # The loaders are module-level functions, pickled by reference: their caches live in the
         # worker's imported module, surviving across batches, tasks and reused workers.
-        tokenizer = _backend_from_json(spec) if spec is not None else load_tokenizer(tokenizer_path)
+        if spec is not None:
+            tokenizer = _backend_from_json(spec)
+        else:
+            tokenizer = load_tokenizer(tokenizer_path, trust_remote_code)
         for batch in batches:
             yield count_tokens(tokenizer, batch)
 
@@ -880,7 +886,9 @@ def prepare(
     survivor = F.col("_reason2").isNull()
     staged = staged.select("*", F.when(survivor, text).alias("text"))
     prompt, completion = _format_columns(params.prompt_template, F.col("text"), F.col("label"))
-    n_tokens = token_counter(tokenizer_path)(F.when(survivor, F.concat(prompt, completion)))
+    n_tokens = token_counter(tokenizer_path, params.trust_remote_code)(
+        F.when(survivor, F.concat(prompt, completion))
+    )
     staged = staged.select("*", n_tokens.alias("n_tokens"))
 
     too_long = survivor & (F.col("n_tokens") > params.max_length)

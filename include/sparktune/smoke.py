@@ -122,18 +122,26 @@ def smoke_test(
     split: str = "test",
     rows: int = DEFAULT_ROWS,
     max_invalid_rate: float = 0.0,
+    trust_remote_code: bool = False,
 ) -> SmokeResult:
-    """Load ``model_uri`` with ``mlflow.pyfunc`` and check its answers on ``rows`` sample rows."""
+    """Load ``model_uri`` with ``mlflow.pyfunc`` and check its answers on ``rows`` sample rows.
+
+    The model folder is downloaded and checked first (:mod:`sparktune.model_safety`): safetensors
+    weights only, and no code shipped with the model unless ``trust_remote_code``.
+    """
     import mlflow
 
     from sparktune.evaluation import _label_strings, _load_split
+    from sparktune.model_safety import check_model_tree, local_model_dir
 
     dataset = _load_split(dataset_path, split, rows, required=("label",))
     labels, _ = _label_strings(dataset)
     column = "prompt" if "prompt" in dataset.column_names else "text"
     # A classification head reads the raw text; a causal LM completes the prompt.
     started = time.perf_counter()
-    model = mlflow.pyfunc.load_model(model_uri)
+    local = local_model_dir(model_uri)
+    check_model_tree(local, trust_remote_code=trust_remote_code)
+    model = mlflow.pyfunc.load_model(str(local))
     load_seconds = time.perf_counter() - started
     flavors = model.metadata.flavors
     task = flavors.get("transformers", {}).get("task", "")
@@ -191,6 +199,7 @@ def smoke_test(
 
 def main(argv: list[str] | None = None) -> int:
     from sparktune.evaluation import EvaluationInputError
+    from sparktune.model_safety import UnsafeModelError
     from sparktune.training import configure_process_logging
 
     configure_process_logging()
@@ -205,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-invalid-rate", type=float, default=0.0, help="Share of rows that may answer no label"
     )
     parser.add_argument("--output", required=True, help="Where to write the result JSON")
+    parser.add_argument(
+        "--trust-remote-code",
+        choices=("true", "false"),
+        default="false",
+        help="Let a model that ships its own Python code (auto_map) load; default false: refused.",
+    )
     args = parser.parse_args(argv)
     try:
         result = smoke_test(
@@ -213,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
             split=args.split,
             rows=args.rows,
             max_invalid_rate=args.max_invalid_rate,
+            trust_remote_code=args.trust_remote_code == "true",
         )
-    except (EvaluationInputError, SmokeTestFailed) as err:
+    except (EvaluationInputError, SmokeTestFailed, UnsafeModelError) as err:
         logger.error("%s", err)
         return 2
     except Exception:

@@ -363,10 +363,10 @@ def _load_dataset(path: str, columns: tuple[str, ...] = REQUIRED_COLUMNS) -> Dat
     return dataset
 
 
-def _load_tokenizer(base_model: str) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+def _load_tokenizer(base_model: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    from sparktune.model_safety import load_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base_model)
+    tokenizer = load_tokenizer(base_model, trust_remote_code=trust_remote_code)
     if tokenizer.eos_token is None:
         raise TrainingInputError(
             f"The tokenizer of {base_model!r} has no eos token, so the model could not learn where a label "
@@ -437,12 +437,17 @@ def _load_model(
     tokenizer: PreTrainedTokenizerBase,
     peft_method: str = "lora",
     auto_class: Any = None,
+    *,
+    trust_remote_code: bool = False,
     **model_kwargs: Any,
 ) -> PreTrainedModel:
     """The base model for training; ``auto_class`` (default AutoModelForCausalLM) and ``model_kwargs``
-    (e.g. ``num_labels``) choose the head."""
+    (e.g. ``num_labels``) choose the head. Safetensors weights only; the folder's own code runs
+    only with ``trust_remote_code`` (see :mod:`sparktune.model_safety`)."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    from sparktune.model_safety import load_model
 
     auto_class = auto_class or AutoModelForCausalLM
     if (base_model.startswith(("/", ".", "~")) or Path(base_model).exists()) and not Path(
@@ -463,13 +468,20 @@ def _load_model(
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
-        model = auto_class.from_pretrained(
-            base_model, quantization_config=quantization, dtype=torch.bfloat16, **model_kwargs
+        model = load_model(
+            auto_class,
+            base_model,
+            trust_remote_code=trust_remote_code,
+            quantization_config=quantization,
+            dtype=torch.bfloat16,
+            **model_kwargs,
         )
         model = prepare_model_for_kbit_training(model)
     else:
         # Weights stay float32; bf16 is autocast by the trainer where the hardware supports it.
-        model = auto_class.from_pretrained(base_model, dtype=torch.float32, **model_kwargs)
+        model = load_model(
+            auto_class, base_model, trust_remote_code=trust_remote_code, dtype=torch.float32, **model_kwargs
+        )
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:  # heads that do not generate have none
         model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -785,15 +797,21 @@ def verify_logged_model(
     texts: list[str],
     *,
     tolerance: float = MAX_LOGIT_DIFF,
+    trust_remote_code: bool = False,
 ) -> float:
     """Load ``model_uri`` back from MLflow and check it reproduces ``model`` on ``texts``.
 
     Raises ModelVerificationError when the tokenizer encodes differently or the logits differ by
-    more than ``tolerance``; returns the largest logit difference.
+    more than ``tolerance``; returns the largest logit difference. The logged folder is checked
+    first as every later load checks it (safetensors weights, no unapproved code).
     """
     import mlflow
 
-    components = mlflow.transformers.load_model(model_uri, return_type="components")
+    from sparktune.model_safety import check_model_tree, local_model_dir
+
+    local = local_model_dir(model_uri)
+    check_model_tree(local, trust_remote_code=trust_remote_code)
+    components = mlflow.transformers.load_model(str(local), return_type="components")
     loaded_model, loaded_tokenizer = components["model"], components["tokenizer"]
     if loaded_model.training:
         loaded_model.eval()
@@ -972,16 +990,20 @@ def _train_in_run(
     train_ds, val_ds, n_train = splits
     streaming = params.dataset_mode == "streaming"
     set_seed(params.seed)
-    tokenizer = _load_tokenizer(request.base_model)
+    # The one switch for the base's own code (auto_map); weights load as safetensors only.
+    trust = params.trust_remote_code
+    tokenizer = _load_tokenizer(request.base_model, trust_remote_code=trust)
     if classify:
         from sparktune import classification
 
         labels = classification.label_names(train_ds, val_ds, request.dataset_path, streaming)
         # Saved with the tokenizer: evaluation and serving truncate texts as training did.
         tokenizer.model_max_length = params.max_length
-        model = classification.load_classifier(request.base_model, tokenizer, params.peft_method, labels)
+        model = classification.load_classifier(
+            request.base_model, tokenizer, params.peft_method, labels, trust_remote_code=trust
+        )
     else:
-        model = _load_model(request.base_model, tokenizer, params.peft_method)
+        model = _load_model(request.base_model, tokenizer, params.peft_method, trust_remote_code=trust)
         if params.packing:
             check_packing_isolation(model, tokenizer)
 
@@ -1126,7 +1148,7 @@ def _train_in_run(
     merged = _merge(
         trainer, params, request, output_dir, **(classification.model_kwargs(labels) if classify else {})
     )
-    merged = _to_stored_dtype(merged, request.base_model)
+    merged = _to_stored_dtype(merged, request.base_model, trust_remote_code=params.trust_remote_code)
     merged.eval()
     mlflow.transformers.log_model(
         transformers_model={"model": merged, "tokenizer": tokenizer},
@@ -1138,7 +1160,9 @@ def _train_in_run(
         pip_requirements=_pip_requirements(),
     )
     model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
-    diff = verify_logged_model(model_uri, merged, tokenizer, texts)
+    diff = verify_logged_model(
+        model_uri, merged, tokenizer, texts, trust_remote_code=params.trust_remote_code
+    )
     mlflow.log_metric("logged_model_max_logit_diff", diff)
     logger.info("Logged model %s reloads with max logit difference %.2g.", model_uri, diff)
 
@@ -1181,11 +1205,13 @@ def _log_adapter_model(
     from sparktune import adapter_pyfunc
 
     adapter_dir = output_dir / ADAPTER_ARTIFACT
-    trainer.model.save_pretrained(str(adapter_dir))
+    trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
     trainer.processing_class.save_pretrained(str(adapter_dir))
     config: dict[str, Any] = {
         "base_model": request.base_model,
         "task": params.task,
+        # Whoever loads the model loads its base as training did: its own code only if trusted here.
+        "trust_remote_code": params.trust_remote_code,
         # A QLoRA adapter is served over the 16-bit base (bitsandbytes is for training only).
         "dtype": "bfloat16" if params.peft_method == "qlora" else "float32",
     }
@@ -1205,7 +1231,11 @@ def _log_adapter_model(
         pip_requirements=[*_pip_requirements(), *_package_pins(("peft", "mlflow"))],
     )
     uri = f"runs:/{run_id}/{ADAPTER_MODEL_ARTIFACT}"
-    loaded = mlflow.pyfunc.load_model(uri).unwrap_python_model()
+    from sparktune.model_safety import check_model_tree, local_model_dir
+
+    local = local_model_dir(uri)
+    check_model_tree(local, trust_remote_code=params.trust_remote_code)
+    loaded = mlflow.pyfunc.load_model(str(local)).unwrap_python_model()
     batch = _verification_batch(trainer.processing_class, texts)
     diff = max_logit_difference(trainer.model, loaded.model, batch)
     # QLoRA trained over the 4-bit base and is served over the 16-bit one: close, not equal.
@@ -1220,13 +1250,16 @@ def _log_adapter_model(
     return uri
 
 
-def _to_stored_dtype(model: PreTrainedModel, base_model: str) -> PreTrainedModel:
+def _to_stored_dtype(
+    model: PreTrainedModel, base_model: str, *, trust_remote_code: bool = False
+) -> PreTrainedModel:
     """The merged model in the dtype its base is stored in: 16-bit for hub LLMs, not a 2x float32 copy."""
     import torch
-    from transformers import AutoConfig
+
+    from sparktune.model_safety import load_config
 
     try:
-        config = AutoConfig.from_pretrained(base_model)
+        config = load_config(base_model, trust_remote_code=trust_remote_code)
     except (OSError, ValueError):
         return model
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
@@ -1257,20 +1290,27 @@ def _merge(
     if params.peft_method == "full":
         return model
     adapter_dir = output_dir / ADAPTER_ARTIFACT
-    model.save_pretrained(str(adapter_dir))
+    model.save_pretrained(str(adapter_dir), safe_serialization=True)
     trainer.processing_class.save_pretrained(str(adapter_dir))
     mlflow.log_artifacts(str(adapter_dir), ADAPTER_ARTIFACT)
     if params.peft_method == "qlora":
         # Merging into the 4-bit base would round the adapter into its quantization grid and
         # degrade the model: merge into a 16-bit copy of the base instead.
         import torch
-        from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
+        from sparktune.model_safety import load_adapter, load_model
+
         auto_class = auto_class or AutoModelForCausalLM
-        base = auto_class.from_pretrained(request.base_model, dtype=torch.bfloat16, **model_kwargs)
+        base = load_model(
+            auto_class,
+            request.base_model,
+            trust_remote_code=params.trust_remote_code,
+            dtype=torch.bfloat16,
+            **model_kwargs,
+        )
         base.config.pad_token_id = trainer.processing_class.pad_token_id
-        return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+        return load_adapter(base, adapter_dir).merge_and_unload()
     # Logging the PeftModel itself loses the base weights on load when the base is a local
     # folder (DESIGN.md); the merged model round-trips exactly.
     return model.merge_and_unload()

@@ -86,6 +86,43 @@ def pipeline_params(explicit: dict[str, Any] | None, context: Any) -> PipelinePa
         raise AirflowFailException(str(exc)) from exc
 
 
+def _flag(value: Any) -> bool:
+    """A templated boolean: True/False, or the strings a non-native render gives ("True", "false")."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "", "none"):
+        return False
+    raise AirflowFailException(f"expected true or false, got {value!r}")
+
+
+def _trust_remote_code(explicit: dict[str, Any] | None, context: Any) -> bool:
+    """The ``trust_remote_code`` param of the explicit params or of the run (default False)."""
+    raw = explicit if explicit is not None else dict(context.get("params") or {})
+    return pipeline_params({k: v for k, v in raw.items() if k == "trust_remote_code"}, {}).trust_remote_code
+
+
+def check_allowed_location(param: str, value: Any, source_format: str | None = None) -> None:
+    """Fail at once when ``value`` lies outside ``SPARKTUNE_ALLOWED_ROOTS`` (when the deployment sets
+    it), ``..`` and symlinks resolved; ``source_format`` given: ``value`` may be a catalog table name.
+    Empty values pass (each operator has its own default for them)."""
+    from sparktune.paths import check_allowed_uri, check_source
+
+    roots = settings().allowed_roots
+    text = str(value or "").strip()
+    if not roots or not text:
+        return
+    try:
+        if source_format is None:
+            check_allowed_uri(param, text, roots)
+        else:
+            check_source(param, text, source_format, roots)
+    except ValueError as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
 def _run_dir(context: Any) -> Path:
     """A per-try scratch folder for request/result files exchanged with subprocesses."""
     ti = context["ti"]
@@ -145,22 +182,25 @@ class ResolveBaseModelOperator(BaseOperator):
     """Returns a loadable base model reference; builds the built-in tiny model once when it is asked for.
 
     :param base_model: (templated) a Hugging Face hub id (returned unchanged, nothing downloaded), a
-        local model folder (checked for a ``config.json``), or ``tiny-llama``: the built-in model,
-        built under ``$SPARKTUNE_HOME/models/base/`` the first time. An empty or unusable value fails
-        the task at once.
+        local model folder (checked for a ``config.json``, safetensors weights and no code of its own
+        unless trusted), or ``tiny-llama``: the built-in model, built under
+        ``$SPARKTUNE_HOME/models/base/`` the first time. An empty or unusable value fails the task at once.
+    :param trust_remote_code: (templated) let a local folder that ships its own Python code
+        (``auto_map``) through; default False (the DAG passes its ``trust_remote_code`` param).
     """
 
-    template_fields: Sequence[str] = ("base_model",)
+    template_fields: Sequence[str] = ("base_model", "trust_remote_code")
 
-    def __init__(self, *, base_model: str, **kwargs: Any) -> None:
+    def __init__(self, *, base_model: str, trust_remote_code: bool | str = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.base_model = base_model
+        self.trust_remote_code = trust_remote_code
 
     def execute(self, context: Any) -> str:
         from sparktune.base_model import ensure_base_model
 
         try:
-            resolved = ensure_base_model(self.base_model)
+            resolved = ensure_base_model(self.base_model, trust_remote_code=_flag(self.trust_remote_code))
         except (ValueError, FileNotFoundError) as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("base model %r -> %s", self.base_model, resolved)
@@ -228,6 +268,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             source_uri = self.source_uri or resolve_source_uri(params)
         except DataPreparationError as exc:
             raise AirflowFailException(str(exc)) from exc
+        check_allowed_location("source_uri", source_uri, self.source_format or params.source_format)
         self.application = self.application or job_path("prepare_data")
         summary_path = _run_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
@@ -367,6 +408,14 @@ class SparkQualityGateOperator(PySparkOperator):
         self.prepared_uri = prepared_uri
         self.source_uri = source_uri
 
+    def execute(self, context: Any) -> Any:
+        # Params and locations first: a bad value fails here, before a Spark session starts.
+        typed = pipeline_params(
+            self.op_kwargs.get("pipeline_params_value"), {"params": context.get("params") or {}}
+        )
+        check_allowed_location("source_uri", self.op_kwargs.get("source_uri"), typed.source_format)
+        return super().execute(context)
+
 
 class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
     """A table or path -> a Hugging Face DatasetDict at ``<datasets_root>/<data fingerprint>``.
@@ -455,6 +504,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
         )
         from sparktune.streaming import describe_parquet_splits
 
+        check_allowed_location("source", self.source, self.source_format)
         if self.dataset_mode not in DATASET_MODES:
             raise AirflowFailException(
                 f"dataset_mode must be one of {list(DATASET_MODES)}, got {self.dataset_mode!r}"
@@ -867,18 +917,29 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     :param dataset_uri: (templated) the ``DatasetDict`` whose ``test`` split both are scored on.
     :param run_id: (templated) the MLflow run that receives the metrics (the champion's prefixed
         ``champion_``), the result JSONs and confusion matrices under ``evaluation/``.
+    :param pipeline_params: (templated) ``trust_remote_code``; default (None): the DAG run's params
+        (none there: False, a model shipping its own code is refused).
     """
 
-    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id")
+    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
 
     def __init__(
-        self, *, model_name: str, version: str, dataset_uri: str, run_id: str, **kwargs: Any
+        self,
+        *,
+        model_name: str,
+        version: str,
+        dataset_uri: str,
+        run_id: str,
+        pipeline_params: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.model_name = model_name
         self.version = version
         self.dataset_uri = dataset_uri
         self.run_id = run_id
+        self.pipeline_params = pipeline_params
+        self._trust = False
 
     def _evaluate(self, model_uri: str, work: Path, label: str) -> tuple[dict[str, float], list[Path]]:
         """Flat metrics (with the 95% bootstrap intervals) and the files for the run's ``evaluation/``
@@ -889,11 +950,10 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             "sparktune.evaluation",
             *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--split", "test"),
             *("--output", str(output), "--confusion-matrix", str(figure)),
+            *("--trust-remote-code", "true" if self._trust else "false"),
         )
-        if result.exit_code != 0:
-            raise AirflowException(
-                f"evaluating {model_uri} exited with code {result.exit_code}: {result.output}"
-            )
+        # Exit 2 (a refused model, an unusable dataset) fails at once: a retry would refuse it again.
+        _raise_for_exit_code(f"evaluating {model_uri}", result.exit_code, result.output)
         return json.loads(output.read_text())["metrics"], [output, figure]
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -901,6 +961,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
 
         client = _mlflow_client()
         work = _run_dir(context)
+        self._trust = _trust_remote_code(self.pipeline_params, context)
         challenger, files = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
         champion_version = alias_version(client, self.model_name, CHAMPION)
         champion = None
@@ -1074,7 +1135,8 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
     :param run_id: (templated) the MLflow run that receives the latency metrics.
     :param alias: the alias loaded, as a user would load it (default ``staging``).
     :param rows: how many rows are predicted, one by one and as a batch (default 16).
-    :param pipeline_params: (templated) ``smoke_max_invalid_rate``; default (None): the DAG run's params.
+    :param pipeline_params: (templated) ``smoke_max_invalid_rate`` and ``trust_remote_code``; default
+        (None): the DAG run's params.
     """
 
     template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
@@ -1112,11 +1174,12 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
             )
         output = _run_dir(context) / "smoke.json"
         model_uri = f"models:/{self.model_name}@{self.alias}"
-        max_invalid = pipeline_params(self.pipeline_params, context).smoke_max_invalid_rate
+        params = pipeline_params(self.pipeline_params, context)
         result = _run_module(
             "sparktune.smoke",
             *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--rows", str(self.rows)),
-            *("--max-invalid-rate", str(max_invalid), "--output", str(output)),
+            *("--max-invalid-rate", str(params.smoke_max_invalid_rate), "--output", str(output)),
+            *("--trust-remote-code", "true" if params.trust_remote_code else "false"),
         )
         _raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)
         summary = json.loads(output.read_text())

@@ -55,6 +55,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--labels", default=None, help="JSON list of candidate labels (causal LM; optional)")
     parser.add_argument("--summary-path", default=None, help="Local path or file:// URI for the summary JSON")
+    parser.add_argument(
+        "--trust-remote-code",
+        choices=("true", "false"),
+        default="false",
+        help="Let a model that ships its own Python code (auto_map) load; default false: refused.",
+    )
     return parser.parse_args(argv)
 
 
@@ -106,6 +112,7 @@ def main(argv: list[str]) -> int:
             args.tracking_uri,
             download_dir=args.download_dir,
             labels=labels,
+            trust_remote_code=args.trust_remote_code == "true",
         )
     except (ValueError, InferenceInputError) as exc:
         return bad_input(log, exc, args.summary_path)

@@ -44,6 +44,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
 
+    from sparktune.model_safety import UnsafeModelError
     from sparktune.params import InvalidParamsError, parse_params
     from sparktune.prepare import DataPreparationError, run_prepare
 
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> int:
     spark = SparkSession.builder.appName(APP_NAME).getOrCreate()
     try:
         summary = run_prepare(spark, params, args.tokenizer, args.lake_uri)
-    except DataPreparationError as exc:
+    except (DataPreparationError, UnsafeModelError) as exc:  # UnsafeModelError: the tokenizer's folder
         return bad_input(log, exc, args.summary_path)
     finally:
         if owns_session:
