@@ -16,6 +16,7 @@ HOME_ENV = "SPARKTUNE_HOME"
 LAKE_ENV = "SPARKTUNE_LAKE_URI"
 FEEDBACK_ENV = "SPARKTUNE_FEEDBACK_URI"
 RETRAIN_CRON_ENV = "SPARKTUNE_RETRAIN_CRON"
+ALLOWED_ROOTS_ENV = "SPARKTUNE_ALLOWED_ROOTS"
 DEFAULT_MODEL_NAME = "support-intent"
 # The name a user types in the trigger form to get the built-in tiny base model.
 TINY_BASE_MODEL = "tiny-llama"
@@ -76,6 +77,21 @@ class Settings:
         None (``SPARKTUNE_RETRAIN_CRON=off``) when only asset updates and people start it."""
         value = os.environ.get(RETRAIN_CRON_ENV) or "0 3 * * 1"
         return None if value.strip().lower() in ("off", "none") else value
+
+    @property
+    def allowed_roots(self) -> tuple[str, ...]:
+        """Where params may point (``source_uri``, ``output_uri``, ``corrections_uri``, ...):
+        ``SPARKTUNE_ALLOWED_ROOTS``, comma-separated URI prefixes (``/data,s3://bucket/lake``), plus
+        the pipeline's own data locations (the lake, the feedback table, ``SPARKTUNE_HOME/data``),
+        which it reads and writes itself. Unset or empty: ``()``, every location is allowed
+        (see :mod:`sparktune.paths`)."""
+        from sparktune.paths import parse_roots
+
+        roots = parse_roots(os.environ.get(ALLOWED_ROOTS_ENV))
+        if not roots:
+            return ()
+        own = (self.lake_uri, self.feedback_uri, str(self.data_dir))
+        return tuple(dict.fromkeys((*roots, *own)))
 
     @property
     def incoming_source_path(self) -> Path:

@@ -594,6 +594,9 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
         for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type"):
             if not values[name].strip():
                 problems.append(f"{name}: the databricks backend needs it (see its description)")
+    from sparktune.paths import source_root_problems  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
+
+    problems.extend(source_root_problems(values))
     return problems
 
 
