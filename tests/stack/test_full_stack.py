@@ -110,12 +110,17 @@ def test_the_spark_steps_ran_on_the_standalone_master(stack, rest_run):
 
 def test_extra_links_point_at_the_run_and_the_model_version_in_the_mlflow_ui(stack, rest_run):
     run_id = quote(rest_run["dag_run_id"], safe="")
-    train = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/train/links")
+
+    def links(task_id: str) -> dict[str, str | None]:
+        path = f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/{task_id}/links"
+        return stack.rest("GET", path)["extra_links"]
+
+    train = links("train")
     version = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
     assert train["MLflow run"] == f"{stack.mlflow_url}/#/runs/{version['run_id']}"
-    promote = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/promote_champion/links")
+    promote = links("promote_champion")
     assert promote["MLflow model version"].endswith(f"/#/models/{MODEL}/versions/{version['version']}")
-    prepare = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/prepare_data/links")
+    prepare = links("prepare_data")
     assert prepare["Spark UI"].startswith(f"http://{stack.config.host}:{stack.config.spark_ui_port}")
 
 
