@@ -8,6 +8,7 @@ and its own state folder, so it never meets a stack a developer left running.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -26,6 +27,7 @@ except ImportError:  # rootdir-relative import, as pytest puts this folder on sy
     from stack_client import request as _request
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
+PLANTED_SECRET = f"planted-{uuid.uuid4().hex}"
 
 # Variables the test session set for unit tests; the stack must start from the user's view.
 _SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI", "SPARKTUNE_HOME")
@@ -47,6 +49,7 @@ class Stack:
     mlflow_url: str
     username: str
     password: str
+    planted_secret: str = PLANTED_SECRET
     _token: str | None = None
 
     def token(self) -> str:
@@ -91,10 +94,11 @@ def stack(tmp_path_factory) -> Stack:
          str(home / "data" / "support_tickets.jsonl")],
         check=True,
     )  # fmt: skip
+    mlflow_port = _free_port()
     config = StackConfig(
         home=home,
         airflow_port=_free_port(),
-        mlflow_port=_free_port(),
+        mlflow_port=mlflow_port,
         spark_port=_free_port(),
         spark_ui_port=_free_port(),
         spark_worker_ui_port=_free_port(),
@@ -102,7 +106,23 @@ def stack(tmp_path_factory) -> Stack:
         parallelism=2,
         # Only REST calls start llm_finetune here: unpausing a cron DAG would also start the latest
         # cron run, and the two would queue behind each other (max_active_runs=1).
-        extra_env={"SPARKTUNE_RETRAIN_CRON": "off", "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2"},
+        extra_env={
+            "SPARKTUNE_RETRAIN_CRON": "off",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # Credentials planted in the MLflow connection (the server runs without auth and ignores
+            # them): test_full_stack shows they reach no log, XCom, template, tag or lineage event.
+            "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(
+                {
+                    "conn_type": "generic",
+                    "host": "127.0.0.1",
+                    "port": mlflow_port,
+                    "schema": "http",
+                    "login": "sparktune-svc",
+                    "password": PLANTED_SECRET,
+                    "extra": {"token": PLANTED_SECRET},
+                }
+            ),
+        },
     )
     base = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
     try:

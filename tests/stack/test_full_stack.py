@@ -157,3 +157,37 @@ def test_lineage_chains_source_splits_dataset_and_model_version_at_the_fingerpri
     for step in (prepare, materialize, train, register):
         for dataset in step["inputs"] + step["outputs"]:
             assert dataset["facets"]["version"]["datasetVersion"] == fingerprint, (step["job"], dataset)
+
+
+def test_the_planted_mlflow_credentials_leak_nowhere(stack, rest_run):
+    """The mlflow_default connection carries a password and a token (conftest): neither may show up
+    in a task or service log, an XCom, a rendered template, an MLflow param or tag, or a lineage
+    event of the run."""
+    secret = stack.planted_secret
+    run_id = quote(rest_run["dag_run_id"], safe="")
+    seen: dict[str, str] = {}
+    for path in (stack.home / "stack" / "logs").rglob("*.log"):
+        seen[str(path)] = path.read_text(errors="replace")
+    seen["lineage"] = (stack.home / "lineage" / "events.jsonl").read_text()
+    for task_id in rest_run["tasks"]:
+        task_path = f"/dags/llm_finetune/dagRuns/{run_id}/taskInstances/{task_id}"
+        seen[f"{task_id} rendered"] = json.dumps(stack.rest("GET", task_path).get("rendered_fields"))
+        for entry in stack.rest("GET", f"{task_path}/xcomEntries")["xcom_entries"]:
+            value = stack.rest("GET", f"{task_path}/xcomEntries/{quote(entry['key'], safe='')}")
+            seen[f"{task_id} xcom {entry['key']}"] = json.dumps(value)
+    experiments = _request(
+        "POST", f"{stack.mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100}
+    )["experiments"]
+    runs = _request(
+        "POST",
+        f"{stack.mlflow_url}/api/2.0/mlflow/runs/search",
+        {"experiment_ids": [e["experiment_id"] for e in experiments], "max_results": 1000},
+    )["runs"]
+    assert runs
+    for run in runs:
+        seen[f"mlflow run {run['info']['run_id']}"] = json.dumps(run["data"])
+    versions = stack.mlflow("/model-versions/search", max_results="1000")
+    seen["model versions"] = json.dumps(versions)
+    assert sum("xcom" in k for k in seen) >= 5 and any(k.endswith(".log") for k in seen)
+    leaked = [where for where, text in seen.items() if secret in text]
+    assert not leaked, leaked
