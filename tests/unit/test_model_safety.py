@@ -19,7 +19,7 @@ try:
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
     import tiny_model
 
-CUSTOM_MODULE = '''
+CUSTOM_MODULE = """
 from pathlib import Path
 
 Path({marker!r}).write_text("the model folder's code ran")
@@ -33,11 +33,11 @@ class MarkerConfig(LlamaConfig):
 
 class MarkerForCausalLM(LlamaForCausalLM):
     config_class = MarkerConfig
-'''
+"""
 
 
 def _drop_dynamic_modules() -> None:
-    for name in [n for n in sys.modules if n == "transformers_modules" or n.startswith("transformers_modules.")]:
+    for name in [n for n in sys.modules if n.split(".")[0] == "transformers_modules"]:
         del sys.modules[name]
 
 
