@@ -29,8 +29,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "ui"
 DAG = "llm_finetune"
 # The one field changed in the form. It changes the config hash, so skip_unchanged cannot skip
-# training, and keeps the run short (about 40 optimizer steps of the form's default recipe).
-CHANGED_FIELD, CHANGED_VALUE = "max_steps", 40
+# training, and keeps the run short (10 optimizer steps of the form's default recipe).
+CHANGED_FIELD, CHANGED_VALUE = "max_steps", 10
 RUN_TIMEOUT = 15 * 60
 UI_TIMEOUT_MS = 60_000  # two cores shared with a training run: the React app can be slow to settle
 
