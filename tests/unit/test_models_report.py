@@ -25,6 +25,7 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 def registry(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-report")
     uri = f"sqlite:///{root / 'mlflow.db'}"
+    saved = mlflow.get_tracking_uri()  # the session's store (tests/conftest.py)
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.create_experiment("report-test", artifact_location=(root / "artifacts").as_uri())
     client = MlflowClient(uri)
@@ -46,7 +47,8 @@ def registry(tmp_path_factory):
     move_alias(client, MODEL, CHAMPION, v2, actor=PROMOTE_2, reason="passed\nthe gate")
     rollback_champion(client, MODEL, None, actor=ROLLBACK, reason="v2 misroutes")
     yield uri, client
-    mlflow.set_tracking_uri(None)
+    # Not None: that unsets MLFLOW_TRACKING_URI and the next fluent call opens ./mlflow.db.
+    mlflow.set_tracking_uri(saved)
 
 
 def test_report_has_versions_aliases_metrics_and_audit(registry):

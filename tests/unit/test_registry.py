@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 from sparktune.registry import (
+    AUDIT_EXPERIMENT,
     CHAMPION,
     PREVIOUS_CHAMPION,
     ChampionChangedError,
@@ -23,10 +26,12 @@ def store(tmp_path_factory):
     # One database per module: creating MLflow's schema costs seconds.
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
+    saved = mlflow.get_tracking_uri()  # the session's store (tests/conftest.py)
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.create_experiment("registry-test", artifact_location=(root / "artifacts").as_uri())
     yield uri, experiment
-    mlflow.set_tracking_uri(None)
+    # Not None: that unsets MLFLOW_TRACKING_URI and the next fluent call opens ./mlflow.db.
+    mlflow.set_tracking_uri(saved)
 
 
 @pytest.fixture()
@@ -88,6 +93,10 @@ def test_champion_moves_keep_previous_and_are_audited(client, model):
         ("", v1, "first"),
         (v1, v2, "better"),
     ]
+    # The records sit beside the SQLite store, not in MLflow's default ./mlruns of the working directory.
+    audit = client.get_experiment_by_name(AUDIT_EXPERIMENT)
+    store_dir = Path(client.tracking_uri.removeprefix("sqlite:///")).parent
+    assert audit.artifact_location == (store_dir / "artifacts").resolve().as_uri()
 
 
 def test_promotion_stops_when_champion_moved_in_between(client, model):
