@@ -2,8 +2,9 @@
 
 - `example_spark_to_dataset` (the README's "Use the operators in your own DAG"): a quality check,
   then a Hugging Face dataset on disk;
-- `data_quality_report`: the raw-input rules over a table, Data Docs as the output; green on good
-  data, red on bad data with every failed rule named.
+- `data_quality_report`: the raw-input rules over a table, Data Docs as the output; red on bad
+  data with every failed rule named. Green on good data is the example DAG's `check_source` (the
+  same operator and rules), so the report runs once, on bad data.
 
 Small generated data (400 rows) keeps each run to Spark and GX start-up costs. fail_on_error=False
 (record, do not fail) is the operator's decision alone: tests/operators/test_quality_gate_operator.py.
@@ -79,19 +80,6 @@ def test_example_dag_checks_the_source_and_writes_a_loadable_dataset(home):
     assert "raw_input" in index
 
 
-def test_report_on_good_data_succeeds_and_writes_data_docs(home):
-    result, summary = _report_run(home, {})
-    assert result.returncode == 0, output_tail(result)
-    assert summary["success"] is True and summary["failed"] == 0
-    assert summary["statistics"]["raw_input"]["rows"] == ROWS
-    assert "prepared" not in summary["statistics"]  # no preparation, no training
-    page = Path(summary["validation_pages"]["raw_input"].removeprefix("file://"))
-    assert page.is_file() and f"/validations/{REPORT_SUITE}/" in str(page)
-    assert REPORT_SUITE in (_site(home) / "index.html").read_text()
-    # The task log says where the Data Docs are.
-    assert f"Data Docs (every suite and run): {(_site(home) / 'index.html').as_uri()}" in result.stdout
-
-
 @pytest.fixture(scope="module")
 def bad_source(home) -> Path:
     """80 of the demo rows (below min_rows 100), 40% of them without a label (above max_null_rate 0.2)."""
@@ -114,5 +102,12 @@ def test_report_on_bad_data_fails_naming_every_failed_rule(home, bad_source):
     # Failed at once: a bad-data failure is not retried.
     assert "AirflowFailException" in output
     assert {issue["rule"] for issue in summary["issues"]} == {"raw_rows_min", "raw_label_null_rate"}
+    assert summary["statistics"]["raw_input"]["rows"] == 80
+    assert "prepared" not in summary["statistics"]  # no preparation, no training
+    # The report is the Data Docs page of the failing run, under the DAG's own suite.
     page = Path(summary["data_docs_uri"].removeprefix("file://"))
     assert page.is_file(), "the failing run's Data Docs page must exist: it is the report"
+    assert f"/validations/{REPORT_SUITE}/" in str(page)
+    assert REPORT_SUITE in (_site(home) / "index.html").read_text()
+    # The task log says where the Data Docs are.
+    assert f"Data Docs (every suite and run): {(_site(home) / 'index.html').as_uri()}" in result.stdout
