@@ -22,6 +22,10 @@ pytestmark = pytest.mark.e2e
 # Variables the test session set for unit tests; the DAG run must get the embedded defaults instead.
 _SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
 DEMO_ROWS = 2500
+# The failure-path runs read a 500-row source (a prefix of the demo data): what they prove does not
+# depend on its size, and every task after preparation (training's validation pass, evaluating
+# challenger and champion on the test split) costs less on a smaller one.
+SMALL_ROWS = 500
 FAST_TRAINING = TINY_MODEL_RECIPE  # what make demo runs
 
 
@@ -53,6 +57,16 @@ def home(tmp_path_factory) -> Path:
         check=True,
     )
     return home
+
+
+@pytest.fixture(scope="module")
+def small_source(home) -> Path:
+    path = home / "data" / "small_tickets.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(SMALL_ROWS), "--out", str(path)],
+        check=True,
+    )
+    return path
 
 
 def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.CompletedProcess:
@@ -138,10 +152,10 @@ def test_every_task_emitted_lineage(home, happy_run):
         assert f"llm_finetune.{task}" in completed, sorted(completed)
 
 
-def test_bad_data_fails_the_run_before_training(home, happy_run):
+def test_bad_data_fails_the_run_before_training(home, happy_run, small_source):
     client = _client(home)
     versions_before = len(client.search_model_versions("name = 'support-intent'"))
-    result = run_dag(home, {**FAST_TRAINING, "min_train_rows": 1_000_000})
+    result = run_dag(home, {**FAST_TRAINING, "min_train_rows": 1_000_000, "source_uri": str(small_source)})
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "min_train_rows" in output or "1000000" in output, output[-4000:]
@@ -184,13 +198,15 @@ def test_out_of_range_param_is_refused_before_the_run_starts(home):
     assert "lora_r" in result.stdout + result.stderr
 
 
-def test_a_bad_model_is_blocked_and_a_dry_run_says_so_but_never_reaches_champion(home, happy_run):
+def test_a_bad_model_is_blocked_and_a_dry_run_says_so_but_never_reaches_champion(
+    home, happy_run, small_source
+):
     from sparktune.registry import audit_log
 
     client = _client(home)
     champion_before = client.get_model_version_by_alias("support-intent", "champion").version
     # learning_rate 0: the model learns nothing and stays near chance on the labels.
-    untrained = {**FAST_TRAINING, "learning_rate": 0.0, "max_steps": 1}
+    untrained = {**FAST_TRAINING, "learning_rate": 0.0, "max_steps": 1, "source_uri": str(small_source)}
     blocked = run_dag(home, untrained)
     assert blocked.returncode == 0, blocked.stdout[-4000:]  # a failed gate ends the run cleanly
     assert client.get_model_version_by_alias("support-intent", "champion").version == champion_before
@@ -319,9 +335,10 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     _airflow_cli(home, "dags", "unpause", "batch_inference")
     _airflow_cli(home, "dags", "pause", "llm_finetune")
 
-    result = run_dag(
-        home, {**FAST_TRAINING, "dataset_mode": "streaming", "model_name": "support-intent-stream"}
-    )
+    # 70 steps instead of the recipe's 2 epochs (104): 0.90 test accuracy in streaming mode on this
+    # data, well above the gate's 0.6; the loop is about data versions and events, not model quality.
+    streaming = {"dataset_mode": "streaming", "model_name": "support-intent-stream", "max_steps": 70}
+    result = run_dag(home, {**FAST_TRAINING, **streaming})
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     output = result.stdout + result.stderr
     assert marker.stat().st_mtime_ns == built_at  # streaming mode builds no dataset
