@@ -96,15 +96,6 @@ def _runs(stack) -> list[dict]:
     return stack.rest("GET", f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"]
 
 
-def _wait_for_run(stack, run_id: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
-        if run["state"] in ("success", "failed") or time.monotonic() > deadline:
-            return run
-        time.sleep(10)
-
-
 def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, page):
     started = time.monotonic()
     # A user's DAG is unpaused already (the REST test did it); make sure without changing anything else.
@@ -117,7 +108,7 @@ def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, page):
     # Wait for the run over REST, then show it in the UI. The run page polls the API several times
     # a second while a run is live: leave it, so the browser does not take CPU from the run.
     page.goto("about:blank")
-    run = _wait_for_run(stack, run_id, RUN_TIMEOUT)
+    run = stack.wait_for_run(DAG, run_id, RUN_TIMEOUT)
     tasks = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
     states = {ti["task_id"]: ti["state"] for ti in tasks["task_instances"]}
     assert run["state"] == "success", states
