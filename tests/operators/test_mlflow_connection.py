@@ -32,7 +32,8 @@ def test_tracking_uri_in_the_extra_wins_and_a_missing_host_names_the_fix():
 
 def test_operator_points_its_process_at_the_connection_before_execute(monkeypatch):
     # An environment-variable connection, as the native stack and docker-compose define it.
-    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": 5999}))  # fmt: skip
+    conn = {"conn_type": "http", "host": "127.0.0.1", "port": 5999}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-another-server")
     from sparktune_airflow.operators import PromoteModelOperator
