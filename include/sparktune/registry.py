@@ -11,10 +11,11 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from sparktune.experiments import get_or_create_experiment
 
 CANDIDATE, STAGING, CHAMPION, PREVIOUS_CHAMPION = "candidate", "staging", "champion", "previous_champion"
 AUDIT_EXPERIMENT = "sparktune-registry-audit"
@@ -115,31 +116,10 @@ def move_alias(
     return move
 
 
-def _audit_experiment_id(client: MlflowClient) -> str:
-    experiment = client.get_experiment_by_name(AUDIT_EXPERIMENT)
-    if experiment is not None:
-        return experiment.experiment_id
-    uri = client.tracking_uri
-    location = None  # a tracking server decides where its artifacts go
-    if uri.startswith("sqlite:///"):
-        # MLflow's default for a database store is ./mlruns under the current directory (the
-        # repository for `make demo` and the tests): keep the records beside the database, as
-        # training does with its runs.
-        location = (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
-    try:
-        return client.create_experiment(AUDIT_EXPERIMENT, artifact_location=location)
-    except MlflowException:
-        # Another task created it between our lookup and create.
-        experiment = client.get_experiment_by_name(AUDIT_EXPERIMENT)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
-
-
 def _audit(client: MlflowClient, move: AliasMove) -> None:
     # An MLflow run per move: queryable with search_runs, visible in the UI, kept with the registry.
     run = client.create_run(
-        _audit_experiment_id(client),
+        get_or_create_experiment(client, AUDIT_EXPERIMENT),
         run_name=f"{move.model_name}@{move.alias} -> v{move.to_version}",
         tags={
             "sparktune.audit.model": move.model_name,

@@ -141,38 +141,18 @@ class TrainResult:
 # MLflow bookkeeping
 
 
-def _artifact_location(request: TrainRequest) -> str | None:
-    if request.artifact_location:
-        return request.artifact_location
-    uri = request.mlflow_tracking_uri
-    if uri.startswith("sqlite:///"):
-        # MLflow's default for a database store is ./mlruns under the current directory, which
-        # scatters artifacts wherever the task happens to run.
-        return (Path(uri.removeprefix("sqlite:///")).parent / "artifacts").resolve().as_uri()
-    return None
-
-
 def _experiment_id(client: Any, request: TrainRequest) -> str:
-    from mlflow.exceptions import MlflowException
+    from sparktune.experiments import (
+        DeletedExperimentError,
+        default_artifact_location,
+        get_or_create_experiment,
+    )
 
-    experiment = client.get_experiment_by_name(request.experiment_name)
-    if experiment is not None:
-        if experiment.lifecycle_stage != "active":
-            raise TrainingInputError(
-                f"MLflow experiment {request.experiment_name!r} is deleted; restore it (mlflow "
-                f"experiments restore --experiment-id {experiment.experiment_id}) or use another name."
-            )
-        return experiment.experiment_id
+    location = request.artifact_location or default_artifact_location(request.mlflow_tracking_uri)
     try:
-        return client.create_experiment(
-            request.experiment_name, artifact_location=_artifact_location(request)
-        )
-    except MlflowException:
-        # Another task created it between our lookup and create.
-        experiment = client.get_experiment_by_name(request.experiment_name)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
+        return get_or_create_experiment(client, request.experiment_name, location)
+    except DeletedExperimentError as exc:
+        raise TrainingInputError(str(exc)) from exc
 
 
 @contextmanager
