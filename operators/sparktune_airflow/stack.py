@@ -180,7 +180,7 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
             # Experiments keep artifacts behind the server (--artifacts-destination), as in compose.
             "SPARKTUNE_MLFLOW_ARTIFACTS": "mlflow-artifacts:/sparktune",
             "SPARKTUNE_SPARK_UI_URL": config.spark_ui_url,
-            "SPARK_HOME": _spark_home(),
+            "SPARK_HOME": spark_home(),
             # Spark's RPC, block manager and web UIs (master, worker, each driver) bind here.
             "SPARK_LOCAL_IP": config.host,
             "SPARK_LOG_DIR": str(state / "logs"),
@@ -190,23 +190,16 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
     return env
 
 
-def _spark_home() -> str:
+def spark_home() -> str:
     import pyspark
 
     return str(Path(pyspark.__file__).parent)
 
 
-def _commands(config: StackConfig) -> dict[str, list[str]]:
-    venv_bin = Path(sys.executable).parent
-    spark_class = str(Path(_spark_home()) / "bin" / "spark-class")
-    state = config.state_dir
-    commands = {
-        "mlflow": [
-            str(venv_bin / "mlflow"), "server",
-            "--backend-store-uri", config.sqlalchemy_url(config.mlflow_db),
-            "--artifacts-destination", str(state / "mlflow-artifacts"),
-            "--host", config.host, "--port", str(config.mlflow_port), "--workers", "1",
-        ],
+def spark_commands(config: StackConfig) -> dict[str, list[str]]:
+    """The standalone master and one worker, as ``spark-class`` runs them on any cluster."""
+    spark_class = str(Path(spark_home()) / "bin" / "spark-class")
+    return {
         "spark-master": [
             spark_class, "org.apache.spark.deploy.master.Master",
             "--host", config.host, "--port", str(config.spark_port),
@@ -216,8 +209,21 @@ def _commands(config: StackConfig) -> dict[str, list[str]]:
             spark_class, "org.apache.spark.deploy.worker.Worker", config.spark_master,
             "--host", config.host, "--cores", str(config.worker_cores),
             "--memory", config.worker_memory, "--webui-port", str(config.spark_worker_ui_port),
-            "--work-dir", str(state / "spark-work"),
+            "--work-dir", str(config.state_dir / "spark-work"),
         ],
+    }  # fmt: skip
+
+
+def _commands(config: StackConfig) -> dict[str, list[str]]:
+    venv_bin = Path(sys.executable).parent
+    commands = {
+        "mlflow": [
+            str(venv_bin / "mlflow"), "server",
+            "--backend-store-uri", config.sqlalchemy_url(config.mlflow_db),
+            "--artifacts-destination", str(config.state_dir / "mlflow-artifacts"),
+            "--host", config.host, "--port", str(config.mlflow_port), "--workers", "1",
+        ],
+        **spark_commands(config),
     }  # fmt: skip
     for component in AIRFLOW_COMPONENTS:
         commands[component] = [sys.executable, "-m", "airflow", component]

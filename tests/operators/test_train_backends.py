@@ -184,31 +184,24 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone Master and one two-core Worker, started from the pyspark wheel."""
-    import pyspark
+    from sparktune_airflow.stack import StackConfig, spark_commands, spark_home
 
-    spark_home = Path(pyspark.__file__).parent
     logs = tmp_path_factory.mktemp("spark-cluster")
-    env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOG_DIR": str(logs)}
-    port, ui_port = _free_port(), _free_port()
-    spark_class = str(spark_home / "bin" / "spark-class")
+    config = StackConfig(
+        home=logs, spark_port=_free_port(), spark_ui_port=_free_port(), spark_worker_ui_port=_free_port()
+    )
+    port, ui_port = config.spark_port, config.spark_ui_port
+    env = {**os.environ, "SPARK_HOME": spark_home(), "SPARK_LOG_DIR": str(logs)}
 
-    def daemon(name: str, *args: str) -> subprocess.Popen:
+    def daemon(name: str) -> subprocess.Popen:
         # The child keeps its own copy of the descriptor; the log outlives this handle.
         with open(logs / f"{name}.log", "wb") as out:
-            return subprocess.Popen([spark_class, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                spark_commands(config)[name], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
 
-    master = daemon(
-        "master",
-        "org.apache.spark.deploy.master.Master",
-        *("--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port)),
-    )
-    worker = daemon(
-        "worker",
-        "org.apache.spark.deploy.worker.Worker",
-        f"spark://127.0.0.1:{port}",
-        *("--cores", "2", "--memory", "6g", "--host", "127.0.0.1"),
-        *("--webui-port", str(_free_port()), "--work-dir", str(logs / "work")),
-    )
+    master = daemon("spark-master")
+    worker = daemon("spark-worker")
     try:
         deadline = time.monotonic() + 90
         while True:
