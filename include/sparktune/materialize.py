@@ -26,6 +26,7 @@ dataset that a later run would use. Checking for a published dataset needs no Sp
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -63,6 +64,51 @@ log = logging.getLogger(__name__)
 
 class MaterializeError(ValueError):
     """The source cannot become a dataset as asked (missing column, unknown labels)."""
+
+
+# The errors a full volume gives: no space left, or the user's quota used up.
+_DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+class DiskFullError(OSError):
+    """The datasets volume filled while a dataset was written; nothing was published.
+
+    The message names the location, the sizes known and the fix. ``fits_on_volume`` is False
+    when the dataset is larger than the whole volume (no retry can help), None when unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str,
+        needed_bytes: int | None,
+        written_bytes: int | None,
+        volume_bytes: int | None,
+        free_bytes: int | None,
+    ) -> None:
+        super().__init__(errno.ENOSPC, message)
+        self.message = message
+        self.location = location
+        self.needed_bytes = needed_bytes
+        self.written_bytes = written_bytes
+        self.volume_bytes = volume_bytes
+        self.free_bytes = free_bytes
+
+    @property
+    def fits_on_volume(self) -> bool | None:
+        if self.needed_bytes is None or self.volume_bytes is None:
+            return None
+        return self.needed_bytes <= self.volume_bytes
+
+    @property
+    def retry_may_help(self) -> bool:
+        """False only when the dataset is larger than the whole volume: freeing space cannot fit it."""
+        return self.fits_on_volume is not False
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -161,11 +207,23 @@ class _ShardSink:
     def __init__(self, fs: Any, tmp: str, split: str, partition: int, token: str, schema: pa.Schema):
         import pyarrow as pa
 
-        fs.makedirs(posixpath.join(tmp, split), exist_ok=True)
+        if _is_local(fs):
+            # Not makedirs: a task still running after the driver gave up and removed the temp
+            # folder must fail here, not bring the folder back.
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(posixpath.join(tmp, split))
+        else:
+            fs.makedirs(posixpath.join(tmp, split), exist_ok=True)
         self.fs, self.split, self.partition = fs, split, partition
         self.path = posixpath.join(tmp, split, f"data-{partition:05d}-{token}.arrow")
         self.sink = _open_sink(self.path, fs)
-        self.writer = pa.ipc.new_stream(self.sink, schema)
+        try:
+            self.writer = pa.ipc.new_stream(self.sink, schema)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.sink.close()
+                fs.rm(self.path)
+            raise
         self.rows = 0
         self.bytes = 0
 
@@ -185,6 +243,53 @@ class _ShardSink:
             "num_rows": self.rows,
             "num_bytes": self.bytes,
         }
+
+    def abort(self) -> None:
+        """Close and delete the file, whatever state it is in: a full disk gets its space back."""
+        for close in (self.writer.close, self.sink.close):
+            with contextlib.suppress(Exception):
+                close()
+        with contextlib.suppress(Exception):
+            self.fs.rm(self.path)
+
+
+def _writing(sinks: list[_ShardSink], tmp: str) -> contextlib.AbstractContextManager:
+    """Around one task attempt's writing: on failure, its files go (a retried attempt or the next
+    run gets the space back); a full disk is re-raised with the path, which the driver matches."""
+
+    @contextlib.contextmanager
+    def guard() -> Iterator[None]:
+        try:
+            yield
+        except BaseException as exc:
+            for sink in sinks:
+                sink.abort()
+            if _is_disk_full(exc):
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} writing shards to {tmp}") from exc
+            raise
+
+    return guard()
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _is_disk_full(exc: BaseException, path: str | None = None) -> bool:
+    """An ENOSPC/EDQUOT in ``exc`` or its causes; with ``path``, also one an executor raised
+    while writing under ``path`` (only its text survives Spark's PythonException)."""
+    for error in _chain(exc):
+        if isinstance(error, OSError) and error.errno in _DISK_FULL_ERRNOS:
+            return True
+        text = str(error)
+        if path and path in text and any(t in text for t in _DISK_FULL_TEXTS):
+            return True
+    return False
 
 
 def _encoder(schema: pa.Schema, label_column: str | None, label_names: list[str] | None):
@@ -239,6 +344,7 @@ def _dataframe_shard_writer(
         encode = _encoder(schema, label_column, label_names)
         fs, tmp = _fs(tmp_uri, storage_options)
         shards: dict[str, _ShardSink] = {}
+        opened: list[_ShardSink] = []  # what this attempt wrote, removed if it fails
 
         def shard_for(split: str | None) -> _ShardSink:
             if split not in shards:
@@ -248,24 +354,26 @@ def _dataframe_shard_writer(
                         f"{expected_splits}; fix the {split_column!r} column or pass splits=None"
                     )
                 shards[split] = _ShardSink(fs, tmp, split, partition, token, schema)
+                opened.append(shards[split])
             return shards[split]
 
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            if split_column is None:
-                groups = [(DEFAULT_SPLIT, table)]
-            else:
-                values = table[split_column]
-                splits = pc.unique(values).to_pylist()
-                table = table.drop_columns([split_column])
-                groups = (
-                    [(splits[0], table)]
-                    if len(splits) == 1
-                    else [(s, table.filter(pc.equal(values, s))) for s in splits]
-                )
-            for split, part in groups:
-                shard_for(split).write(encode(part))
-        records = [shard.close() for shard in shards.values()]
+        with _writing(opened, tmp):
+            for batch in batches:
+                table = pa.Table.from_batches([batch])
+                if split_column is None:
+                    groups = [(DEFAULT_SPLIT, table)]
+                else:
+                    values = table[split_column]
+                    splits = pc.unique(values).to_pylist()
+                    table = table.drop_columns([split_column])
+                    groups = (
+                        [(splits[0], table)]
+                        if len(splits) == 1
+                        else [(s, table.filter(pc.equal(values, s))) for s in splits]
+                    )
+                for split, part in groups:
+                    shard_for(split).write(encode(part))
+            records = [shard.close() for shard in shards.values()]
         if records:
             yield pa.RecordBatch.from_pylist(records, schema=_shard_record_schema())
 
@@ -292,23 +400,26 @@ def _parquet_unit_writer(
         encode = _encoder(schema, label_column, label_names)
         fs, tmp = _fs(tmp_uri, storage_options)
         records = []
-        for batch in ids:
-            for unit_id in batch.column(0).to_pylist():
-                unit = units[unit_id]
-                shard = _ShardSink(fs, tmp, unit["split"], unit_id, token, schema)
-                source_fs, path = _fs(unit["file"], storage_options)
-                # Local files are read by pyarrow's native reader; fsspec serves other stores.
-                with (
-                    contextlib.nullcontext(path)
-                    if _is_local(source_fs)
-                    else source_fs.open(path, "rb") as src
-                ):
-                    reader = pq.ParquetFile(src)
-                    for part in reader.iter_batches(
-                        batch_size=ARROW_BATCH_ROWS, row_groups=unit["row_groups"], columns=schema.names
+        opened: list[_ShardSink] = []  # what this attempt wrote, removed if it fails
+        with _writing(opened, tmp):
+            for batch in ids:
+                for unit_id in batch.column(0).to_pylist():
+                    unit = units[unit_id]
+                    shard = _ShardSink(fs, tmp, unit["split"], unit_id, token, schema)
+                    opened.append(shard)
+                    source_fs, path = _fs(unit["file"], storage_options)
+                    # Local files are read by pyarrow's native reader; fsspec serves other stores.
+                    with (
+                        contextlib.nullcontext(path)
+                        if _is_local(source_fs)
+                        else source_fs.open(path, "rb") as src
                     ):
-                        shard.write(encode(pa.Table.from_batches([part])))
-                records.append(shard.close())
+                        reader = pq.ParquetFile(src)
+                        for part in reader.iter_batches(
+                            batch_size=ARROW_BATCH_ROWS, row_groups=unit["row_groups"], columns=schema.names
+                        ):
+                            shard.write(encode(pa.Table.from_batches([part])))
+                    records.append(shard.close())
         if records:
             yield pa.RecordBatch.from_pylist(records, schema=_shard_record_schema())
 
@@ -426,8 +537,12 @@ def _build(
     splits: list[str] | None,
     storage_options: dict | None,
     started: float,
+    expected_bytes: int | None = None,
 ) -> MaterializedDataset:
-    """Run ``write_shards(tmp_uri) -> shard records`` into a temp folder, then describe and publish it."""
+    """Run ``write_shards(tmp_uri) -> shard records`` into a temp folder, then describe and publish it.
+
+    ``expected_bytes``: about how big the dataset will be, when known, for the error a full disk gives.
+    """
     fs, final = _fs(target_uri, storage_options)
     name = posixpath.basename(final.rstrip("/"))
     parent = posixpath.dirname(final.rstrip("/"))
@@ -435,8 +550,8 @@ def _build(
     tmp = posixpath.join(parent, tmp_name)
     tmp_uri = target_uri.rstrip("/").rsplit("/", 1)[0] + "/" + tmp_name
     _remove_stale_temp_folders(fs, parent, name)
-    fs.makedirs(tmp, exist_ok=True)
     try:
+        fs.makedirs(tmp, exist_ok=True)
         try:
             records = write_shards(tmp_uri)
         except Exception as exc:
@@ -469,9 +584,15 @@ def _build(
             "label_column": label_column,
         }
         published = _publish(fs, tmp, final, record)
-    except BaseException:
+    except BaseException as exc:
+        disk_full = isinstance(exc, Exception) and _is_disk_full(exc, tmp)
+        written = _written_bytes(fs, tmp) if disk_full else None
         if fs.exists(tmp):
             fs.rm(tmp, recursive=True)
+        if disk_full:
+            error = _disk_full_error(fs, parent, data_fingerprint, expected_bytes, written, exc)
+            # A local OSError's chain is short and says which file; Spark's wrapper is noise.
+            raise error from (exc if isinstance(exc, OSError) else None)
         raise
     if not published:
         log.info("another task published %s first; keeping that one", target_uri)
@@ -487,6 +608,82 @@ def _build(
         seconds=time.monotonic() - started,
         shards=shards,
         num_bytes=num_bytes,
+    )
+
+
+def _written_bytes(fs: Any, path: str) -> int | None:
+    try:
+        return int(fs.du(path, total=True)) if fs.exists(path) else 0
+    except Exception:  # the size is for the message only
+        return None
+
+
+def _mount_point(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.ismount(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _disk_full_error(
+    fs: Any,
+    parent: str,
+    data_fingerprint: str,
+    expected_bytes: int | None,
+    written_bytes: int | None,
+    cause: BaseException,
+) -> DiskFullError:
+    """One message with the cause, the location, the sizes known and the fix."""
+    location = _uri(fs, parent)
+    volume_bytes = free_bytes = None
+    volume = location
+    if _is_local(fs):
+        with contextlib.suppress(OSError):
+            usage = os.statvfs(parent)
+            volume_bytes, free_bytes = usage.f_blocks * usage.f_frsize, usage.f_bavail * usage.f_frsize
+            volume = _mount_point(parent)
+    needed = expected_bytes if expected_bytes and expected_bytes > (written_bytes or 0) else None
+    what = os.strerror(errno.EDQUOT) if _is_quota(cause) else os.strerror(errno.ENOSPC)
+    parts = [f"{what}: the dataset {data_fingerprint} under {location} did not fit"]
+    if written_bytes is not None:
+        parts.append(f" ({_mb(written_bytes)} had been written in finished shards)")
+    if needed is not None:
+        parts.append(f"; it needs about {_mb(needed)} (the Parquet source's uncompressed size)")
+    elif written_bytes:
+        parts.append(f"; it needs more than {_mb(written_bytes)}")
+    if volume_bytes is not None:
+        parts.append(
+            f"; the volume mounted at {volume} holds {_mb(volume_bytes)} in all, {_mb(free_bytes)} free now"
+        )
+    parts.append(". Nothing was published and the partial write was removed. ")
+    elsewhere = (
+        "point the datasets at a bigger volume (the datasets_root of materialize_dataset, or "
+        "SPARKTUNE_LAKE_URI for the pipeline, whose datasets go to <lake>/datasets)"
+    )
+    if needed is not None and volume_bytes is not None and needed > volume_bytes:
+        parts.append(f"The dataset is larger than the whole volume; to fix, {elsewhere}.")
+    elif needed is not None and free_bytes is not None and needed > free_bytes:
+        parts.append(f"To fix, free at least {_mb(needed - free_bytes)} on {volume}, or {elsewhere}.")
+    else:
+        parts.append(f"To fix, free space on {volume}, or {elsewhere}.")
+    return DiskFullError(
+        "".join(parts),
+        location=location,
+        needed_bytes=needed,
+        written_bytes=written_bytes,
+        volume_bytes=volume_bytes,
+        free_bytes=free_bytes,
+    )
+
+
+def _is_quota(exc: BaseException) -> bool:
+    return any(
+        (isinstance(e, OSError) and e.errno == errno.EDQUOT) or os.strerror(errno.EDQUOT) in str(e)
+        for e in _chain(exc)
     )
 
 
@@ -598,8 +795,8 @@ def parquet_files(uri: str, storage_options: dict | None = None) -> list[str]:
     return sorted(f for files in parquet_files_by_split(uri, None, storage_options).values() for f in files)
 
 
-def _parquet_units(files: list[str], storage_options: dict | None) -> list[tuple[str, list[int]]]:
-    """``(file, row groups)`` work units of about UNIT_BYTES uncompressed each, from the footers."""
+def _parquet_units(files: list[str], storage_options: dict | None) -> list[tuple[str, list[int], int]]:
+    """``(file, row groups, uncompressed bytes)`` work units of about UNIT_BYTES each, from the footers."""
     import pyarrow.parquet as pq
 
     units = []
@@ -613,10 +810,10 @@ def _parquet_units(files: list[str], storage_options: dict | None) -> list[tuple
             group.append(index)
             size += metadata.row_group(index).total_byte_size
             if size >= UNIT_BYTES:
-                units.append((uri, group))
+                units.append((uri, group, size))
                 group, size = [], 0
         if group or not units or units[-1][0] != uri:
-            units.append((uri, group))
+            units.append((uri, group, size))
     return units
 
 
@@ -693,8 +890,8 @@ def write_dataset_dict_from_parquet(
     if label_column:
         features[label_column] = datasets.ClassLabel(names=list(label_names))
     units = [
-        {"file": uri, "row_groups": groups, "split": split_of[uri]}
-        for uri, groups in _parquet_units(files, storage_options)
+        {"file": uri, "row_groups": groups, "split": split_of[uri], "bytes": size}
+        for uri, groups, size in _parquet_units(files, storage_options)
     ]
 
     parquet_bytes = _total_size(files, storage_options)
@@ -734,6 +931,7 @@ def write_dataset_dict_from_parquet(
         splits=splits,
         storage_options=storage_options,
         started=started,
+        expected_bytes=sum(unit["bytes"] for unit in units),
     )
 
 
@@ -850,8 +1048,12 @@ def _local_master(spark: SparkSession) -> bool:
 
 
 def _write_units_in_process(writer: Any, n_units: int) -> list[dict]:
-    """Run the executors' unit writer on a thread pool here; pyarrow releases the GIL while it works."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Run the executors' unit writer on a thread pool here; pyarrow releases the GIL while it works.
+
+    The first failure cancels the units not started yet (on a full disk they would only fail too)
+    and is raised once the running ones have stopped, so nothing writes while the caller cleans up.
+    """
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     import pyarrow as pa
 
@@ -860,7 +1062,14 @@ def _write_units_in_process(writer: Any, n_units: int) -> list[dict]:
         return [row for out in writer(iter([batch])) for row in out.to_pylist()]
 
     with ThreadPoolExecutor(max_workers=min(n_units, os.cpu_count() or 1) or 1) as pool:
-        return [row for rows in pool.map(run, range(n_units)) for row in rows]
+        futures = [pool.submit(run, unit_id) for unit_id in range(n_units)]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            future.cancel()
+        failed = next((f.exception() for f in futures if not f.cancelled() and f.exception()), None)
+        if failed is not None:
+            raise failed
+        return [row for future in futures for row in future.result()]
 
 
 def converts_without_spark(

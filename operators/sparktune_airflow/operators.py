@@ -59,9 +59,12 @@ def _submit_and_read_summary(
     try:
         SparkSubmitOperator.execute(operator, context)
     except AirflowException as exc:
-        # A lost executor or a full disk leaves no error record: that is worth a retry.
+        # A lost executor leaves no error record: that is worth a retry.
         if summary_path.exists():
             record = json.loads(summary_path.read_text())
+            if record.get("error") and "retry" in record:  # a fault the job named (a full disk)
+                failure = AirflowException if record["retry"] else AirflowFailException
+                raise failure(f"{job} failed: {record['error']}") from exc
             if record.get("error"):
                 raise AirflowFailException(f"{job} rejected its input: {record['error']}") from exc
         raise
@@ -417,6 +420,18 @@ class SparkQualityGateOperator(PySparkOperator):
         return super().execute(context)
 
 
+def _disk_full_failure(exc: Any) -> AirflowException:
+    """A full datasets volume: retried, unless the dataset is larger than the whole volume.
+
+    Retry: the failed attempt removed its partial write, and the rest of the volume may be freed
+    before the retry (a concurrent run's temp folder or checkpoints, a cleanup, an operator
+    answering the alert). Fail at once when the dataset needs more than the volume holds in all:
+    no retry can fit it, and waiting out the backoff only delays the message.
+    """
+    failure = AirflowException if exc.retry_may_help else AirflowFailException
+    return failure(str(exc))
+
+
 class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
     """A table or path -> a Hugging Face DatasetDict at ``<datasets_root>/<data fingerprint>``.
 
@@ -497,6 +512,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.materialize import (
             DATASET_MODES,
+            DiskFullError,
             MaterializeError,
             converts_without_spark,
             find_published,
@@ -542,6 +558,8 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
                 )
             except MaterializeError as exc:
                 raise AirflowFailException(f"materialize_dataset rejected its input: {exc}") from exc
+            except DiskFullError as exc:
+                raise _disk_full_failure(exc) from exc
             self.log.info("dataset %s: rows %s, built in this process", result.dataset_uri, result.rows)
             return self._keep(result.to_summary())
         self.application = self.application or job_path("materialize_dataset")

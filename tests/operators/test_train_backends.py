@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -172,58 +170,7 @@ def test_on_kill_stops_the_training_process(workspace):
 
 
 # --------------------------------------------------------------------------------------------
-# spark: a real standalone cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def standalone_cluster(tmp_path_factory):
-    """A Spark standalone Master and one two-core Worker, started from the pyspark wheel."""
-    from sparktune_airflow.stack import StackConfig, spark_commands, spark_home
-
-    logs = tmp_path_factory.mktemp("spark-cluster")
-    config = StackConfig(
-        home=logs, spark_port=_free_port(), spark_ui_port=_free_port(), spark_worker_ui_port=_free_port()
-    )
-    port, ui_port = config.spark_port, config.spark_ui_port
-    env = {**os.environ, "SPARK_HOME": spark_home(), "SPARK_LOG_DIR": str(logs)}
-
-    def daemon(name: str) -> subprocess.Popen:
-        # The child keeps its own copy of the descriptor; the log outlives this handle.
-        with open(logs / f"{name}.log", "wb") as out:
-            return subprocess.Popen(
-                spark_commands(config)[name], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-
-    master = daemon("spark-master")
-    worker = daemon("spark-worker")
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as reply:
-                    state = json.load(reply)
-                if state.get("aliveworkers", 0) >= 1:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the standalone cluster did not come up; see {logs}")
-            time.sleep(0.5)
-        yield {"master": f"spark://127.0.0.1:{port}", "ui": f"http://127.0.0.1:{ui_port}", "logs": logs}
-    finally:
-        for proc in (worker, master):
-            proc.terminate()
-        for proc in (worker, master):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+# spark: a real standalone cluster (the standalone_cluster fixture is in conftest.py)
 
 
 @pytest.mark.spark

@@ -6,7 +6,9 @@
 
 ``--source`` is a Parquet / CSV / JSON Lines path or a catalog table. Rows go to the split named
 in ``--split-column`` (the prepared data's ``split=`` folders) or all to ``train``. Exit codes
-as for every sparktune job: 0 done, 2 bad input (the summary holds the error), else retry.
+as for every sparktune job: 0 done, 2 bad input (the summary holds the error), else retry. A full
+disk exits 1 with ``{"error", "kind": "DiskFullError", "retry"}`` in the summary: ``retry`` is
+false when the dataset is larger than the whole volume.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
 
-    from sparktune.materialize import MaterializeError, find_published, materialize_dataset
+    from sparktune.materialize import DiskFullError, MaterializeError, find_published, materialize_dataset
     from sparktune.prepare import DataPreparationError
 
     try:
@@ -103,6 +105,12 @@ def main(argv: list[str]) -> int:
             )
         except (DataPreparationError, MaterializeError) as exc:
             return bad_input(log, exc, args.summary_path)
+        except DiskFullError as exc:
+            log.error("%s", exc)
+            if args.summary_path:
+                record = {"error": str(exc), "kind": type(exc).__name__, "retry": exc.retry_may_help}
+                write_summary(record, args.summary_path)
+            return 1
         finally:
             if owns_session:
                 spark.stop()
