@@ -69,11 +69,34 @@ def register_run_model(
         # mlflow.register_model resolves runs:/ to the LoggedModel the run produced (MLflow 3 keeps
         # those outside the run's artifact folder), so the version's source is what the run logged.
         registered = mlflow.register_model(f"runs:/{run_id}/{artifact_path}", model_name, tags=tags)
-        version = str(registered.version)
+        version = _one_version_of_run(client, model_name, run_id, str(registered.version))
         log.info("registered run %s as %s version %s", run_id, model_name, version)
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)
     return version
+
+
+def _one_version_of_run(client: MlflowClient, model_name: str, run_id: str, registered: str) -> str:
+    """The first version of ``run_id``, deleting any later one that no alias points at.
+
+    MLflow's client re-sends a POST whose answer was lost (its HTTP retries cover every method):
+    when the server had applied the first ``create``, the run gets a second version.
+    """
+    versions = sorted(
+        int(v.version) for v in client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    )
+    if len(versions) <= 1:
+        return str(versions[0]) if versions else registered
+    for extra in versions[1:]:
+        if client.get_model_version(model_name, str(extra)).aliases:
+            continue
+        log.warning(
+            "run %s was registered twice (a create re-sent after its answer was lost): deleting %s "
+            "version %s, keeping version %s",
+            run_id, model_name, extra, versions[0],
+        )  # fmt: skip
+        client.delete_model_version(model_name, str(extra))
+    return str(versions[0])
 
 
 def move_alias(
@@ -92,32 +115,62 @@ def move_alias(
 
     With ``check_current``, ``expected_current`` is the version the caller believes the alias holds
     now (None: no version); if another run moved it in between, :class:`ChampionChangedError` stops the move.
+
+    The MLflow server can go away between any two of the requests a move takes, so the audit
+    record is written first, unfinished (an MLflow run left RUNNING: the move's intent, with its
+    from and to versions), then ``previous_champion`` (for ``champion``), then the alias, and the
+    record is finished last. ``actor`` asking again (an Airflow retry of the same task) finds its
+    unfinished record and completes that move: one record per move, ``previous_champion`` the
+    version that was champion before it, whatever request the earlier attempt died on.
+    :func:`audit_log` lists finished records only. An interrupted move leaves ``champion`` on the old
+    version (``previous_champion`` may already point at that same version) or on the new one with
+    ``previous_champion`` the old one, never on a version that was not promoted to it.
     """
+    version = str(version)
     current = alias_version(client, model_name, alias)
     # Templated callers may hand over 1 for "1" (Airflow's native rendering turns "1" into an int).
     expected = None if expected_current is None else str(expected_current)
-    if check_current and current != expected and current != str(version):
+    pending = _unfinished_move(client, model_name, alias, actor)
+    if check_current and current != expected and current != version:
+        if pending is not None:
+            _abandon(client, pending[0])
         raise ChampionChangedError(
             f"{model_name}@{alias} is version {current}, but this run compared against "
             f"{expected_current}; another run promoted in between. Re-run evaluation against the new {alias}."
         )
-    at = datetime.now(UTC).isoformat(timespec="seconds")
-    move = AliasMove(
-        model_name, alias, current, str(version), actor, reason, at, current != str(version), kind
-    )
-    if not move.changed:
+    if pending is not None and pending[1].to_version != version:
+        _abandon(client, pending[0])  # an earlier request of this actor for another version
+        pending = None
+    if pending is not None:
+        record_id, move = pending
+        log.info(
+            "resuming the move %s@%s %s -> %s that an earlier attempt of %s started at %s",
+            model_name, alias, move.from_version, version, actor, move.at,
+        )  # fmt: skip
+    elif current == version:
+        at = datetime.now(UTC).isoformat(timespec="seconds")
         log.info("%s@%s already points at version %s: nothing to do", model_name, alias, version)
-        return move
-    if alias == CHAMPION and current is not None:
-        client.set_registered_model_alias(model_name, PREVIOUS_CHAMPION, current)
-    client.set_registered_model_alias(model_name, alias, str(version))
-    _audit(client, move)
-    log.info("%s@%s: %s -> %s (%s)", model_name, alias, current, version, reason)
+        return AliasMove(model_name, alias, current, version, actor, reason, at, False, kind)
+    else:
+        at = datetime.now(UTC).isoformat(timespec="seconds")
+        move = AliasMove(model_name, alias, current, version, actor, reason, at, True, kind)
+        record_id = _audit_intent(client, move)
+        # A create_run re-sent after its answer was lost leaves a twin record behind: not a move.
+        for twin in _unfinished_records(client, model_name, alias, actor):
+            if twin.info.run_id != record_id:
+                _abandon(client, twin.info.run_id)
+    if alias == CHAMPION and move.from_version is not None:
+        client.set_registered_model_alias(model_name, PREVIOUS_CHAMPION, move.from_version)
+    client.set_registered_model_alias(model_name, alias, version)
+    client.log_text(record_id, json.dumps(move.to_summary(), indent=2), "alias_move.json")
+    client.set_terminated(record_id)
+    log.info("%s@%s: %s -> %s (%s)", model_name, alias, move.from_version, version, move.reason)
     return move
 
 
-def _audit(client: MlflowClient, move: AliasMove) -> None:
+def _audit_intent(client: MlflowClient, move: AliasMove) -> str:
     # An MLflow run per move: queryable with search_runs, visible in the UI, kept with the registry.
+    # Created RUNNING with every field as a tag in one request; finished once the alias moved.
     run = client.create_run(
         get_or_create_experiment(client, AUDIT_EXPERIMENT),
         run_name=f"{move.model_name}@{move.alias} -> v{move.to_version}",
@@ -132,23 +185,65 @@ def _audit(client: MlflowClient, move: AliasMove) -> None:
             "sparktune.audit.kind": move.kind,
         },
     )
-    client.log_text(run.info.run_id, json.dumps(move.to_summary(), indent=2), "alias_move.json")
-    client.set_terminated(run.info.run_id)
+    return run.info.run_id
 
 
-def audit_log(client: MlflowClient, model_name: str) -> list[dict[str, str]]:
-    """Every recorded alias move of ``model_name``, oldest first."""
+def _audit_runs(client: MlflowClient, model_name: str, extra_filter: str = "") -> list:
     experiment = client.get_experiment_by_name(AUDIT_EXPERIMENT)
     if experiment is None:
         return []
-    runs = client.search_runs(
+    return client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`sparktune.audit.model` = '{model_name}'",
+        filter_string=f"tags.`sparktune.audit.model` = '{model_name}'{extra_filter}",
         order_by=["attributes.start_time ASC"],
         max_results=10_000,
     )
+
+
+def _record(run) -> dict[str, str]:
     prefix = "sparktune.audit."
-    return [{k[len(prefix) :]: v for k, v in r.data.tags.items() if k.startswith(prefix)} for r in runs]
+    return {k[len(prefix) :]: v for k, v in run.data.tags.items() if k.startswith(prefix)}
+
+
+def _unfinished_records(client: MlflowClient, model_name: str, alias: str, actor: str) -> list:
+    """Audit records ``actor`` started for ``alias`` and did not finish, oldest first."""
+    wanted = {"sparktune.audit.alias": alias, "sparktune.audit.actor": actor}
+    runs = [r for r in _audit_runs(client, model_name) if wanted.items() <= r.data.tags.items()]
+    return [r for r in runs if r.info.status == "RUNNING"]
+
+
+def _unfinished_move(
+    client: MlflowClient, model_name: str, alias: str, actor: str
+) -> tuple[str, AliasMove] | None:
+    """The newest audit record ``actor`` started for ``alias`` and did not finish, with its move."""
+    unfinished = _unfinished_records(client, model_name, alias, actor)
+    if not unfinished:
+        return None
+    for older in unfinished[:-1]:  # superseded by the newest (a twin, or an earlier request)
+        _abandon(client, older.info.run_id)
+    record = _record(unfinished[-1])
+    move = AliasMove(
+        model_name,
+        alias,
+        record.get("from_version") or None,
+        record["to_version"],
+        actor,
+        record.get("reason", ""),
+        record.get("at", ""),
+        True,
+        record.get("kind", "move"),
+    )
+    return unfinished[-1].info.run_id, move
+
+
+def _abandon(client: MlflowClient, record_id: str) -> None:
+    """An unfinished record whose move will not be made: out of the audit log (FAILED)."""
+    client.set_terminated(record_id, status="FAILED")
+
+
+def audit_log(client: MlflowClient, model_name: str) -> list[dict[str, str]]:
+    """Every alias move of ``model_name`` that was made (finished records), oldest first."""
+    return [_record(r) for r in _audit_runs(client, model_name) if r.info.status == "FINISHED"]
 
 
 def rollback_champion(
@@ -170,6 +265,23 @@ def rollback_champion(
     champion = alias_version(client, model_name, CHAMPION)
     if champion is None:
         raise RollbackError(_no_champion_message(client, model_name))
+    pending = _unfinished_move(client, model_name, CHAMPION, actor)
+    if pending is not None:
+        started = pending[1]
+        if champion in (started.from_version, started.to_version) and requested in (None, started.to_version):
+            # An earlier attempt of this rollback died between its requests (previous_champion may
+            # already name the champion): finish that move instead of choosing a target again.
+            return move_alias(
+                client,
+                model_name,
+                CHAMPION,
+                started.to_version,
+                actor=actor,
+                reason=started.reason,
+                check_current=True,
+                expected_current=started.from_version,
+                kind="rollback",
+            )
     done = _move_already_made(client, model_name, champion, requested, actor)
     if done is not None:
         log.info(

@@ -214,17 +214,18 @@ def spark_commands(config: StackConfig) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+def mlflow_command(config: StackConfig) -> list[str]:
+    """The MLflow server on its PostgreSQL database, serving artifacts from the state folder."""
+    return [
+        str(Path(sys.executable).parent / "mlflow"), "server",
+        "--backend-store-uri", config.sqlalchemy_url(config.mlflow_db),
+        "--artifacts-destination", str(config.state_dir / "mlflow-artifacts"),
+        "--host", config.host, "--port", str(config.mlflow_port), "--workers", "1",
+    ]  # fmt: skip
+
+
 def _commands(config: StackConfig) -> dict[str, list[str]]:
-    venv_bin = Path(sys.executable).parent
-    commands = {
-        "mlflow": [
-            str(venv_bin / "mlflow"), "server",
-            "--backend-store-uri", config.sqlalchemy_url(config.mlflow_db),
-            "--artifacts-destination", str(config.state_dir / "mlflow-artifacts"),
-            "--host", config.host, "--port", str(config.mlflow_port), "--workers", "1",
-        ],
-        **spark_commands(config),
-    }  # fmt: skip
+    commands = {"mlflow": mlflow_command(config), **spark_commands(config)}
     for component in AIRFLOW_COMPONENTS:
         commands[component] = [sys.executable, "-m", "airflow", component]
     # Task logs are files on this machine that the api-server reads itself; Airflow's log servers

@@ -201,3 +201,54 @@ def test_rollback_stops_when_a_promotion_lands_while_it_runs(client, model, monk
         rollback_champion(client, model, v1, actor="airflow:rb/run1/rollback", reason="r")
     assert alias_version(client, model, CHAMPION) == v4
     assert alias_version(client, model, PREVIOUS_CHAMPION) == v3
+
+
+class _Outage(ConnectionError):
+    pass
+
+
+def _dies_at(client: MlflowClient, monkeypatch, method: str, call: int) -> None:
+    """``client.<method>`` raises at its ``call``-th call from now, as if the server went away."""
+    real, calls = getattr(client, method), []
+
+    def maybe_die(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == call:
+            raise _Outage(f"server gone at {method} #{call}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(client, method, maybe_die)
+
+
+@pytest.mark.parametrize(
+    ("method", "call"),
+    [
+        ("set_registered_model_alias", 1),  # previous_champion not moved yet
+        ("set_registered_model_alias", 2),  # previous_champion moved, champion not
+        ("log_text", 1),  # champion moved, its audit record not finished
+        ("set_terminated", 1),
+    ],
+)
+def test_a_retry_of_an_interrupted_rollback_finishes_it_instead_of_toggling(
+    client, model, monkeypatch, method, call
+):
+    # tests/operators/test_registry_outage.py cuts a real server at every request of a promotion;
+    # this is the same for rollback_champion, whose retry must not choose its target again.
+    v1, v2, v3 = _three_versions_v3_champion(client, model)
+    actor = "airflow:rb/run1/rollback"
+    with monkeypatch.context() as outage:
+        _dies_at(client, outage, method, call)
+        with pytest.raises(_Outage):
+            rollback_champion(client, model, None, actor=actor, reason="v3 misroutes refunds")
+    assert alias_version(client, model, CHAMPION) in (v3, v2)
+    move = rollback_champion(client, model, None, actor=actor, reason="v3 misroutes refunds")
+    assert (move.from_version, move.to_version, move.kind) == (v3, v2, "rollback")
+    assert (alias_version(client, model, CHAMPION), alias_version(client, model, PREVIOUS_CHAMPION)) == (
+        v2,
+        v3,
+    )
+    rollbacks = [e for e in audit_log(client, model) if e.get("kind") == "rollback"]
+    assert [(e["from_version"], e["to_version"], e["actor"]) for e in rollbacks] == [(v3, v2, actor)]
+    # and the next retry changes nothing
+    again = rollback_champion(client, model, None, actor=actor, reason="v3 misroutes refunds")
+    assert not again.changed and alias_version(client, model, CHAMPION) == v2
