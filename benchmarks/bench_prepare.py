@@ -113,17 +113,8 @@ def run_job(
     """(wall seconds, exit code, summary) of one spark-submit of the preparation job."""
     from sparktune.jobs import prepare_data
 
-    venv_bin = Path(sys.executable).parent
-    spark_submit = shutil.which("spark-submit", path=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
-    if spark_submit is None:
-        sys.exit("spark-submit not found next to this Python or on PATH: run from the project's venv")
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+    spark_submit, env = spark_submit_env()
+    env["TOKENIZERS_PARALLELISM"] = "false"
     command = [
         spark_submit,
         "--master",
@@ -148,15 +139,53 @@ def run_job(
         "--summary-path",
         str(summary_path),
     ]
-    started = time.perf_counter()
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        with TreeSampler(process.pid) as sampler:
-            code = process.wait()
-    wall = time.perf_counter() - started
+    wall, code, sampler = submit(command, env, log_path)
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary["_peak_rss"] = (sampler.peak_jvm_bytes, sampler.peak_bytes)
     return wall, code, summary
+
+
+def spark_submit_env() -> tuple[str, dict[str, str]]:
+    """The venv's spark-submit, and an environment whose Spark Python (driver and workers) is this one."""
+    venv_bin = Path(sys.executable).parent
+    path = f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}"
+    spark_submit = shutil.which("spark-submit", path=path)
+    if spark_submit is None:
+        sys.exit("spark-submit not found next to this Python or on PATH: run from the project's venv")
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PATH": path,
+    }
+    return spark_submit, env
+
+
+def submit(
+    command: list[str], env: dict[str, str], log_path: Path, sampler_type: type[TreeSampler] = TreeSampler
+) -> tuple[float, int, Any]:
+    """(wall seconds, exit code, sampler) of ``command`` run with its output in ``log_path``, its
+    process tree sampled by ``sampler_type(pid)`` while it runs."""
+    started = time.perf_counter()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with sampler_type(process.pid) as sampler:
+            code = process.wait()
+    return time.perf_counter() - started, code, sampler
+
+
+def machine_and_versions() -> dict[str, Any]:
+    """The machine and the Python and PySpark versions, for a benchmark's JSON."""
+    import pyspark
+
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "platform": platform.platform(),
+        },
+        "versions": {"python": platform.python_version(), "pyspark": pyspark.__version__},
+    }
 
 
 def fmt_int(value: float | None) -> str:
@@ -257,20 +286,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_lake:
             shutil.rmtree(lake, ignore_errors=True)
 
-    import pyspark
-
     report = {
         "benchmark": "prepare_data",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "master": args.master,
         "extra_conf": args.conf,
         "tokenizer": tokenizer,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "platform": platform.platform(),
-        },
-        "versions": {"python": platform.python_version(), "pyspark": pyspark.__version__},
+        **machine_and_versions(),
         "runs": runs,
     }
     out = bench_dir / "prepare.json"

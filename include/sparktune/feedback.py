@@ -81,23 +81,16 @@ def write_review_rows(
     """
     from pyspark.sql import functions as F
 
+    from sparktune.inference import write_dated_partition
+
     texts = source.select("id", "text").dropDuplicates(["id"])
     rows = (
         predictions.select("id", "prediction", "score", "model_name", "model_version", "scored_at")
         .join(texts, "id", "left")
         .select(*REVIEW_COLUMNS)
         .withColumn("date", F.lit(run_date.isoformat()).cast("date"))
-    ).persist()
-    try:
-        count = rows.count()
-        (
-            rows.write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy("date")
-            .parquet(f"{feedback_uri.rstrip('/')}/{PREDICTIONS_DIR}")
-        )
-    finally:
-        rows.unpersist()
+    )
+    count = write_dated_partition(rows, f"{feedback_uri.rstrip('/')}/{PREDICTIONS_DIR}")
     log.info("Wrote %d rows for review to %s/%s/date=%s", count, feedback_uri, PREDICTIONS_DIR, run_date)
     return count
 

@@ -337,7 +337,7 @@ def score_texts(
 
         prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
         # With special tokens, as completion_loss (and training) tokenizes a prompt: reused below.
-        prompt_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+        prompt_ids = _token_ids(tokenizer, prompts)
         lengths = [len(ids) for ids in prompt_ids]
     else:
         prompts = texts
@@ -356,6 +356,23 @@ def score_texts(
             for i, label, prob in zip(rows, labels, probs, strict=True):
                 predictions[i], scores[i] = label, prob
     return predictions, scores
+
+
+def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """``tokenizer(texts)["input_ids"]`` (special tokens added, no truncation or padding), the same
+    ids for less work: a fast tokenizer's backend is asked for ids only (``encode_batch_fast``
+    skips the character offsets that transformers' call computes and then drops here). Any other
+    tokenizer, or a backend left with truncation or padding switched on, goes through the call."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    encode = getattr(backend, "encode_batch_fast", None)
+    if (
+        encode is None
+        or backend.truncation is not None
+        or backend.padding is not None
+        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        return tokenizer(texts, return_attention_mask=False)["input_ids"]
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
 
 
 _COMPLETIONS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
@@ -391,11 +408,11 @@ def _causal_lm_batch(
 
     n_labels = len(ref.labels)
     if prompt_ids is None:
-        prompt_ids = tokenizer(prompts, return_attention_mask=False)["input_ids"]
+        prompt_ids = _token_ids(tokenizer, prompts)
     eos = tokenizer.eos_token
     # One batched call for every prompt x candidate, as completion_loss tokenizes each pair.
     texts = [p + c + eos for p in prompts for c in _completions(ref)]
-    joint = tokenizer(texts, return_attention_mask=False)["input_ids"]
+    joint = _token_ids(tokenizer, texts)
     shared: list[int] = []
     fallback: list[int] = []
     tails: list[list[int]] = []
@@ -569,6 +586,12 @@ def score_dataframe(
     source = df.select(
         F.col(id_column).cast("string").alias("id"), F.col(text_column).cast("string").alias("text")
     )
+    # Spark splits files by bytes: a few MB of text is one partition, i.e. one busy core for as long
+    # as scoring takes. Fewer partitions than task slots are spread over all of them (a shuffle of
+    # the texts, cheap beside scoring them); more are left as they are.
+    slots = df.sparkSession.sparkContext.defaultParallelism
+    if source.rdd.getNumPartitions() < slots:
+        source = source.repartition(slots)
     scored = source.mapInPandas(score_partitions, schema)
     if min_score > 0:
         scored = scored.where(F.col("score") >= F.lit(float(min_score)))
@@ -595,24 +618,35 @@ def write_predictions(df: DataFrame, output_uri: str, run_date: date | str) -> i
 
     The ``date`` column is set to ``run_date`` (the run's logical date), and the write overwrites
     only the partitions it writes (``partitionOverwriteMode=dynamic``): a rerun of the same run
-    replaces its own partition, other dates stay. Predictions are computed once (cached) so the
-    count and the write see the same rows.
+    replaces its own partition, other dates stay. Predictions are computed once, by the write, and
+    counted on their way to it (an ``Observation``): nothing is cached or collected, so memory does
+    not grow with the rows; each task streams its partition's batches into its Parquet files.
     """
     from pyspark.sql import functions as F
 
     day = date.fromisoformat(run_date) if isinstance(run_date, str) else run_date
     if isinstance(day, datetime):
         day = day.date()
-    out = df.withColumn(PARTITION_COLUMN, F.lit(day.isoformat()).cast("date")).persist()
-    try:
-        rows = out.count()
-        (
-            out.write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(PARTITION_COLUMN)
-            .parquet(output_uri)
-        )
-    finally:
-        out.unpersist()
+    rows = write_dated_partition(
+        df.withColumn(PARTITION_COLUMN, F.lit(day.isoformat()).cast("date")), output_uri
+    )
     logger.info("Wrote %d predictions to %s/%s=%s", rows, output_uri, PARTITION_COLUMN, day.isoformat())
     return rows
+
+
+def write_dated_partition(df: DataFrame, output_uri: str) -> int:
+    """Write ``df`` as Parquet partitioned by its ``date`` column, overwriting only the dates it
+    holds; return the rows written, counted by an ``Observation`` as they pass to the writer (one
+    pass over the data, nothing cached or collected)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    written = Observation("rows_written")
+    (
+        df.observe(written, F.count(F.lit(1)).alias("rows"))
+        .write.mode("overwrite")
+        .option("partitionOverwriteMode", "dynamic")
+        .partitionBy(PARTITION_COLUMN)
+        .parquet(output_uri)
+    )
+    return int(written.get["rows"])
