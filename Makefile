@@ -11,7 +11,7 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference
+.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference bench-inference-scale
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -20,11 +20,13 @@ help:
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
+	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
 	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512 (BENCH_TRAIN_STEPS=40)"
 	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=3000)"
+	@echo "make bench-inference-scale  batch_inference over 500k and 5M rows on local[2]: rows/s, peak RSS per process (BENCH_SCALE_ROWS=5000000)"
 
 # The venv is keyed on the lock file: changing the pins reinstalls.
 $(VENV)/.installed: requirements.lock pyproject.toml
@@ -89,7 +91,11 @@ stack-status: venv
 	$(PY) -m sparktune_airflow.stack status
 
 test: venv $(VENV)/.browser
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not load" $(PYTEST_ARGS)
+
+# Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~15 min).
+test-load: venv
+	$(PY) -m pytest -q -m load $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
@@ -126,3 +132,7 @@ bench-train: venv
 # model on local[2]; writes $(SPARKTUNE_HOME)/bench/inference.json. BENCH_INFERENCE_ROWS passes through.
 bench-inference: venv
 	$(PY) benchmarks/bench_inference.py
+
+# The batch_inference job on local[2] over N/10 and N rows (BENCH_SCALE_ROWS, default 5M); writes $(SPARKTUNE_HOME)/bench/inference_scale.json.
+bench-inference-scale: venv
+	$(PY) benchmarks/bench_inference_scale.py

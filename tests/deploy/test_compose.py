@@ -465,3 +465,21 @@ def test_the_base_image_matches_the_pinned_airflow_and_python():
     expected = f"apache/airflow:{airflow}-python3.11"
     assert base == expected, f"FROM {base}; the lock pins apache-airflow {airflow}: use {expected}"
     assert sys.version_info[:2] == (3, 11)
+
+
+def test_published_ports_bind_to_loopback_and_the_ui_wants_a_login(services):
+    """Nothing is published beyond the host's 127.0.0.1 (the services reach each other on the
+    compose network), no service shares the host's network, and Airflow's API server asks for a
+    login: SimpleAuthManager without ``SIMPLE_AUTH_MANAGER_ALL_ADMINS``."""
+    published = []
+    for name, svc in services.items():
+        assert svc.get("network_mode") != "host", name
+        for port in svc.get("ports", []):
+            assert isinstance(port, str), f"{name}: use the short form 127.0.0.1:HOST:CONTAINER, got {port!r}"
+            published.append((name, port))
+            assert port.startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+    assert published, "compose publishes no port at all"
+    for name, svc in airflow_services(services).items():
+        env = svc.get("environment") or {}
+        assert "SimpleAuthManager" in env.get("AIRFLOW__CORE__AUTH_MANAGER", "SimpleAuthManager"), name
+        assert str(env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "false")).lower() != "true", name

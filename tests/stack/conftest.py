@@ -27,6 +27,7 @@ except ImportError:  # rootdir-relative import, as pytest puts this folder on sy
     from stack_client import request as _request
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
+SCHEDULER_HEALTH_THRESHOLD = 15
 PLANTED_SECRET = f"planted-{uuid.uuid4().hex}"
 
 # Variables the test session set for unit tests; the stack must start from the user's view.
@@ -49,6 +50,7 @@ class Stack:
     mlflow_url: str
     username: str
     password: str
+    base_env: dict[str, str] | None = None
     planted_secret: str = PLANTED_SECRET
     _token: str | None = None
 
@@ -84,6 +86,20 @@ class Stack:
             time.sleep(5)
 
 
+def _reuse_the_e2e_base_model(session_tmp: Path, home: Path) -> None:
+    """Copy the built-in tiny base model that the e2e module's first run built, when it ran earlier
+    in this session: ``resolve_base_model`` then finds it as on a deployment that built it before,
+    instead of spending about 50 s of CPU building the same model again. Building it inside a DAG
+    run is what tests/e2e shows; run alone, the stack builds its own."""
+    import shutil
+
+    from sparktune.config import TINY_BASE_MODEL
+
+    built = sorted(session_tmp.glob(f"e2e-home*/models/base/{TINY_BASE_MODEL}/config.json"))
+    if built:
+        shutil.copytree(built[0].parent, home / "models" / "base" / TINY_BASE_MODEL)
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Stack:
     from sparktune_airflow.stack import StackConfig, StackError, admin_password, down, up
@@ -94,6 +110,7 @@ def stack(tmp_path_factory) -> Stack:
          str(home / "data" / "support_tickets.jsonl")],
         check=True,
     )  # fmt: skip
+    _reuse_the_e2e_base_model(tmp_path_factory.getbasetemp(), home)
     mlflow_port = _free_port()
     config = StackConfig(
         home=home,
@@ -109,6 +126,9 @@ def stack(tmp_path_factory) -> Stack:
         extra_env={
             "SPARKTUNE_RETRAIN_CRON": "off",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+            # A restarted scheduler resets the tasks of a scheduler whose heartbeat is older than this
+            # (default 30 s); rest_run kills the scheduler mid-train and waits this long to restart it.
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(SCHEDULER_HEALTH_THRESHOLD),
             # Credentials planted in the MLflow connection (the server runs without auth and ignores
             # them): test_full_stack shows they reach no log, XCom, template, tag or lineage event.
             "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(
@@ -138,6 +158,78 @@ def stack(tmp_path_factory) -> Stack:
             mlflow_url=config.mlflow_url,
             username=config.username,
             password=admin_password(config),
+            base_env=base,
         )
     finally:
         down(config, purge=True)
+
+
+def _task_states(stack: Stack, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+    from urllib.parse import quote
+
+    tasks = stack.rest("GET", f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    return {t["task_id"]: t for t in tasks["task_instances"]}
+
+
+def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> Any:
+    """The submission record of the training process ``train`` started, once that process runs."""
+    from sparktune_airflow.training_process import RECORD_NAME, read_record
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for record_path in stack.home.rglob(RECORD_NAME):
+            record = read_record(record_path.parent)
+            if record is not None and record.process() is not None:
+                return record
+        states = _task_states(stack, "llm_finetune", run_id)
+        finished = [t for t, ti in states.items() if ti["state"] in ("failed", "upstream_failed")]
+        assert not finished, f"the run failed before training started: {finished}"
+        time.sleep(1)
+    raise AssertionError(f"no live training process after {timeout:.0f} s")
+
+
+def _kill_scheduler_during_training(stack: Stack, run_id: str) -> dict[str, Any]:
+    """SIGKILL the scheduler's whole process group while ``train``'s process runs, then restart it.
+
+    The group is the scheduler with its LocalExecutor workers, the task supervisors and the task
+    runner of ``train``: what a crashed scheduler host or container takes with it. The training
+    process lives in a session of its own and keeps running. The restart waits until the dead
+    scheduler's heartbeat is stale, as a real restart after a crash would be: the new scheduler then
+    resets the orphaned ``train`` task, and its next try must reattach instead of training again.
+    """
+    import signal
+
+    from sparktune_airflow.stack import _read_pids, up
+
+    record = _wait_for_training_process(stack, run_id)
+    scheduler = _read_pids(stack.config)["scheduler"]
+    os.killpg(scheduler, signal.SIGKILL)
+    killed_at = time.monotonic()
+    alive_after_kill = record.process() is not None
+    time.sleep(SCHEDULER_HEALTH_THRESHOLD + 2)
+    up(stack.config, timeout=300, base=stack.base_env)
+    return {
+        "training_pid": record.pid,
+        "training_alive_after_kill": alive_after_kill,
+        "training_alive_at_restart": record.process() is not None,
+        "restart_seconds": round(time.monotonic() - killed_at, 1),
+    }
+
+
+@pytest.fixture(scope="session")
+def rest_run(stack) -> dict:
+    """One llm_finetune run triggered through the REST API, with the scheduler killed while ``train``
+    runs and restarted (see :func:`_kill_scheduler_during_training`); waited for until it ends.
+
+    The other tests check everything a clean run must show on this run: the fault must change
+    nothing but ``train``'s try number.
+    """
+    from sparktune.params import TINY_MODEL_RECIPE
+
+    stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
+    run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": TINY_MODEL_RECIPE})
+    fault = _kill_scheduler_during_training(stack, run["dag_run_id"])
+    run = stack.wait_for_run("llm_finetune", run["dag_run_id"])
+    run["tasks"] = _task_states(stack, "llm_finetune", run["dag_run_id"])
+    run["fault"] = fault
+    return run

@@ -14,7 +14,6 @@ from urllib.parse import quote
 
 import psutil
 import pytest
-from sparktune.params import TINY_MODEL_RECIPE
 
 try:
     from tests.stack.stack_client import HTTPError
@@ -57,17 +56,6 @@ def test_services_listen_on_loopback_only_and_the_api_wants_a_login(stack):
     assert wrong.value.status in (401, 403)  # the generated password, never a default one
 
 
-@pytest.fixture(scope="module")
-def rest_run(stack) -> dict:
-    """One llm_finetune run triggered through the REST API, waited for until it ends."""
-    stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
-    run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": TINY_MODEL_RECIPE})
-    run = stack.wait_for_run("llm_finetune", run["dag_run_id"])
-    tasks = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances")
-    run["tasks"] = {t["task_id"]: t for t in tasks["task_instances"]}
-    return run
-
-
 def _task_log_tail(stack, run: dict) -> str:
     failed = [t for t, ti in run["tasks"].items() if ti["state"] not in ("success", "skipped")]
     logs = []
@@ -78,7 +66,7 @@ def _task_log_tail(stack, run: dict) -> str:
 
 
 def test_a_run_triggered_over_rest_succeeds_and_registers_a_champion_in_the_mlflow_server(stack, rest_run):
-    assert rest_run["state"] == "success", {t: ti["state"] for t, ti in rest_run["tasks"].items()}
+    assert rest_run["state"] == "success", _task_log_tail(stack, rest_run)
     assert rest_run["run_type"] == "manual"
     assert rest_run["tasks"]["train"]["state"] == "success"
 
@@ -100,6 +88,53 @@ def test_a_run_triggered_over_rest_succeeds_and_registers_a_champion_in_the_mlfl
     assert stored, "no model in the MLflow server's artifact store"
     # Nothing fell back to the embedded SQLite store: MLflow came from the mlflow_default connection.
     assert not (stack.home / "mlflow" / "mlflow.db").exists()
+
+
+def _search_runs(stack, filter_string: str) -> list[dict]:
+    experiments = _request(
+        "POST", f"{stack.mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100}
+    )["experiments"]
+    return _request(
+        "POST",
+        f"{stack.mlflow_url}/api/2.0/mlflow/runs/search",
+        {
+            "experiment_ids": [e["experiment_id"] for e in experiments],
+            "filter": filter_string,
+            "max_results": 1000,
+        },
+    ).get("runs", [])
+
+
+def test_a_scheduler_killed_during_train_leaves_one_training_job_one_run_one_version(stack, rest_run):
+    """rest_run SIGKILLs the scheduler's process group (executor, supervisors, task runner) while the
+    training process runs, and restarts the scheduler; the next try of ``train`` must follow that
+    process (or reuse its finished run), never start a second training."""
+    fault = rest_run["fault"]
+    assert fault["training_alive_after_kill"], fault  # the kill hit a running training job
+    train = rest_run["tasks"]["train"]
+    assert train["state"] == "success" and train["try_number"] >= 2, train
+    logs_dir = stack.home / "stack" / "logs" / "tasks" / "dag_id=llm_finetune"
+    logs = {
+        path.name: path.read_text(errors="replace")
+        for path in logs_dir.glob(f"run_id={rest_run['dag_run_id']}/task_id=train/attempt=*.log")
+    }
+    assert len(logs) == train["try_number"], sorted(logs)
+    started = [name for name, text in logs.items() if "Starting: " in text]
+    assert started == ["attempt=1.log"], started  # one training process, from the first try
+    last = logs[f"attempt={train['try_number']}.log"]
+    followed = f"Reattaching to training process {fault['training_pid']}" in last
+    reused = "Reusing finished MLflow run" in last
+    assert followed or reused, last[-3000:]
+    if fault["training_alive_at_restart"]:
+        assert followed, last[-3000:]
+    # One MLflow training run and one model version for this Airflow run.
+    runs = _search_runs(stack, f"tags.`airflow.run_id` = '{rest_run['dag_run_id']}'")
+    training = [r for r in runs if any(t["key"] == "sparktune.train_key" for t in r["data"]["tags"])]
+    assert len(training) == 1, [r["info"]["run_id"] for r in training]
+    versions = stack.mlflow("/model-versions/search", filter=f"run_id = '{training[0]['info']['run_id']}'")[
+        "model_versions"
+    ]
+    assert len(versions) == 1, versions
 
 
 def test_the_spark_steps_ran_on_the_standalone_master(stack, rest_run):
@@ -175,14 +210,7 @@ def test_the_planted_mlflow_credentials_leak_nowhere(stack, rest_run):
         for entry in stack.rest("GET", f"{task_path}/xcomEntries")["xcom_entries"]:
             value = stack.rest("GET", f"{task_path}/xcomEntries/{quote(entry['key'], safe='')}")
             seen[f"{task_id} xcom {entry['key']}"] = json.dumps(value)
-    experiments = _request(
-        "POST", f"{stack.mlflow_url}/api/2.0/mlflow/experiments/search", {"max_results": 100}
-    )["experiments"]
-    runs = _request(
-        "POST",
-        f"{stack.mlflow_url}/api/2.0/mlflow/runs/search",
-        {"experiment_ids": [e["experiment_id"] for e in experiments], "max_results": 1000},
-    )["runs"]
+    runs = _search_runs(stack, "")
     assert runs
     for run in runs:
         seen[f"mlflow run {run['info']['run_id']}"] = json.dumps(run["data"])
