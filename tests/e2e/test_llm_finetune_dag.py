@@ -255,7 +255,9 @@ def _predictions(home: Path):
     return ds.dataset(home / "lake" / "predictions", format="parquet", partitioning="hive").to_table()
 
 
-def test_batch_inference_scores_new_data_with_the_champion(home, happy_run):
+@pytest.fixture(scope="module")
+def first_scoring(home, happy_run) -> Path:
+    """batch_inference over new tickets with the first champion; returns the tickets file."""
     incoming = home / "data" / "incoming_tickets.jsonl"  # the DAG's default source
     subprocess.run(
         [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11"]
@@ -264,6 +266,11 @@ def test_batch_inference_scores_new_data_with_the_champion(home, happy_run):
     )
     result = run_dag(home, {}, dag="batch_inference")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    return incoming
+
+
+def test_batch_inference_scores_new_data_with_the_champion(home, first_scoring):
+    incoming = first_scoring
     champion = _client(home).get_model_version_by_alias("support-intent", "champion")
     table = _predictions(home).to_pandas()
     assert len(table) == INCOMING_ROWS  # one prediction per input row
@@ -307,7 +314,7 @@ def _airflow_db(home: Path, query: str) -> list[tuple]:
         return db.execute(query).fetchall()
 
 
-def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inference(home, happy_run):
+def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inference(home, first_scoring):
     """The loop: scored rows -> human corrections -> a new data version -> training (streaming
     mode) -> promotion -> an asset event that a real scheduler turns into a batch_inference run."""
     client = _client(home)
@@ -317,9 +324,7 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
 
     # A reviewer corrects 40 scored rows (here: with their true labels); some of those texts are
     # already in the training source and must not be added again.
-    incoming = [
-        json.loads(line) for line in (home / "data" / "incoming_tickets.jsonl").read_text().splitlines()
-    ]
+    incoming = [json.loads(line) for line in first_scoring.read_text().splitlines()]
     picked = {r["message_hash"]: r for r in incoming if r.get("intent_label") and r.get("message")}
     picked = dict(list(picked.items())[:40])
     corrections = home / "data" / "corrections.jsonl"
@@ -335,9 +340,10 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     _airflow_cli(home, "dags", "unpause", "batch_inference")
     _airflow_cli(home, "dags", "pause", "llm_finetune")
 
-    # 70 steps instead of the recipe's 2 epochs (104): 0.90 test accuracy in streaming mode on this
-    # data, well above the gate's 0.6; the loop is about data versions and events, not model quality.
-    streaming = {"dataset_mode": "streaming", "model_name": "support-intent-stream", "max_steps": 70}
+    # The streaming model trains to the recipe (2 epochs) like the first one. With 70 steps it
+    # passed the gate (0.90 accuracy) but wrote labels that do not exist on 3 of the smoke test's 16
+    # rows here and on 7 in CI: a half-trained tiny model is not a stable base for a test.
+    streaming = {"dataset_mode": "streaming", "model_name": "support-intent-stream"}
     result = run_dag(home, {**FAST_TRAINING, **streaming})
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     output = result.stdout + result.stderr
