@@ -19,6 +19,8 @@ from sparktune.experiments import get_or_create_experiment
 
 CANDIDATE, STAGING, CHAMPION, PREVIOUS_CHAMPION = "candidate", "staging", "champion", "previous_champion"
 AUDIT_EXPERIMENT = "sparktune-registry-audit"
+# One search request reads at most this many audit records; more are read page by page.
+_AUDIT_PAGE = 1000
 log = logging.getLogger(__name__)
 
 
@@ -188,16 +190,60 @@ def _audit_intent(client: MlflowClient, move: AliasMove) -> str:
     return run.info.run_id
 
 
-def _audit_runs(client: MlflowClient, model_name: str, extra_filter: str = "") -> list:
+def _filter_literal(value: str) -> str | None:
+    """``value`` quoted for an MLflow search filter; None if it holds both quote kinds."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    return None
+
+
+def _audit_runs(
+    client: MlflowClient,
+    model_name: str,
+    *,
+    alias: str | None = None,
+    actor: str | None = None,
+    status: str | None = None,
+    newest_first: bool = False,
+    limit: int | None = None,
+) -> list:
+    """The audit records of ``model_name``, oldest first, filtered by the MLflow server.
+
+    Every page is read: a registry with a long history must not lose its oldest moves. Values that
+    cannot be quoted in a filter (both quote kinds in an actor) are filtered here instead.
+    """
     experiment = client.get_experiment_by_name(AUDIT_EXPERIMENT)
     if experiment is None:
         return []
-    return client.search_runs(
-        [experiment.experiment_id],
-        filter_string=f"tags.`sparktune.audit.model` = '{model_name}'{extra_filter}",
-        order_by=["attributes.start_time ASC"],
-        max_results=10_000,
-    )
+    wanted = {"sparktune.audit.model": model_name}
+    if alias is not None:
+        wanted["sparktune.audit.alias"] = alias
+    if actor is not None:
+        wanted["sparktune.audit.actor"] = actor
+    clauses = [f"attributes.status = '{status}'"] if status else []
+    unquotable = {}
+    for tag, value in wanted.items():
+        literal = _filter_literal(value)
+        if literal is None:
+            unquotable[tag] = value
+        else:
+            clauses.append(f"tags.`{tag}` = {literal}")
+    runs: list = []
+    page_token = None
+    while True:
+        page = client.search_runs(
+            [experiment.experiment_id],
+            filter_string=" AND ".join(clauses),
+            order_by=[f"attributes.start_time {'DESC' if newest_first else 'ASC'}"],
+            max_results=min(limit or _AUDIT_PAGE, _AUDIT_PAGE),
+            page_token=page_token,
+        )
+        runs.extend(r for r in page if unquotable.items() <= r.data.tags.items())
+        page_token = page.token
+        if not page_token or (limit is not None and len(runs) >= limit):
+            return runs[:limit] if limit is not None else runs
 
 
 def _record(run) -> dict[str, str]:
@@ -207,9 +253,7 @@ def _record(run) -> dict[str, str]:
 
 def _unfinished_records(client: MlflowClient, model_name: str, alias: str, actor: str) -> list:
     """Audit records ``actor`` started for ``alias`` and did not finish, oldest first."""
-    wanted = {"sparktune.audit.alias": alias, "sparktune.audit.actor": actor}
-    runs = [r for r in _audit_runs(client, model_name) if wanted.items() <= r.data.tags.items()]
-    return [r for r in runs if r.info.status == "RUNNING"]
+    return _audit_runs(client, model_name, alias=alias, actor=actor, status="RUNNING")
 
 
 def _unfinished_move(
@@ -243,7 +287,7 @@ def _abandon(client: MlflowClient, record_id: str) -> None:
 
 def audit_log(client: MlflowClient, model_name: str) -> list[dict[str, str]]:
     """Every alias move of ``model_name`` that was made (finished records), oldest first."""
-    return [_record(r) for r in _audit_runs(client, model_name) if r.info.status == "FINISHED"]
+    return [_record(r) for r in _audit_runs(client, model_name, status="FINISHED")]
 
 
 def rollback_champion(
@@ -332,10 +376,10 @@ def _move_already_made(
     client: MlflowClient, model_name: str, champion: str, requested: str | None, actor: str
 ) -> AliasMove | None:
     """The last champion move if it was a rollback by ``actor`` that still holds and matches ``requested``."""
-    moves = [m for m in audit_log(client, model_name) if m.get("alias") == CHAMPION]
-    if not moves:
+    newest = _audit_runs(client, model_name, alias=CHAMPION, status="FINISHED", newest_first=True, limit=1)
+    if not newest:
         return None
-    last = moves[-1]
+    last = _record(newest[0])
     if last.get("kind") != "rollback" or last.get("actor") != actor or last.get("to_version") != champion:
         return None
     if requested is not None and requested != champion:

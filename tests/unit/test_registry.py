@@ -252,3 +252,40 @@ def test_a_retry_of_an_interrupted_rollback_finishes_it_instead_of_toggling(
     # and the next retry changes nothing
     again = rollback_champion(client, model, None, actor=actor, reason="v3 misroutes refunds")
     assert not again.changed and alias_version(client, model, CHAMPION) == v2
+
+
+def test_the_audit_log_reads_every_page_of_a_long_history(client, model, monkeypatch):
+    import sparktune.registry as registry
+
+    # A page of 2 records stands in for the server's page size; a long history spans many pages.
+    monkeypatch.setattr(registry, "_AUDIT_PAGE", 2)
+    v1 = register_run_model(client, model, _run_with_model(client), {})
+    v2 = register_run_model(client, model, _run_with_model(client), {})
+    targets = [v1, v2, v1, v2, v1]
+    for i, version in enumerate(targets):
+        move_alias(client, model, CHAMPION, version, actor="pipeline", reason=f"move {i}")
+    log = audit_log(client, model)
+    assert [(e["to_version"], e["reason"]) for e in log] == [(v, f"move {i}") for i, v in enumerate(targets)]
+    # A retried rollback finds the newest champion move among them, not the first page's.
+    rollback_champion(client, model, None, actor="airflow:rb/run1/rollback", reason="r")
+    again = rollback_champion(client, model, None, actor="airflow:rb/run1/rollback", reason="r")
+    assert not again.changed and alias_version(client, model, CHAMPION) == v2
+
+
+@pytest.mark.parametrize("actor", ["airflow:dag/run's/task", 'it\'s "ops"'], ids=["one-quote", "both-quotes"])
+def test_an_interrupted_move_is_finished_by_its_actor_whatever_quotes_the_actor_holds(
+    client, model, monkeypatch, actor
+):
+    # The audit search filters on the actor on the server; an actor no filter can quote (both quote
+    # kinds) is matched on this side.
+    v1 = register_run_model(client, model, _run_with_model(client), {})
+    v2 = register_run_model(client, model, _run_with_model(client), {})
+    move_alias(client, model, CHAMPION, v1, actor="pipeline", reason="first")
+    with monkeypatch.context() as outage:
+        _dies_at(client, outage, "set_registered_model_alias", 2)  # previous_champion moved, champion not
+        with pytest.raises(_Outage):
+            move_alias(client, model, CHAMPION, v2, actor=actor, reason="better")
+    move = move_alias(client, model, CHAMPION, v2, actor=actor, reason="better")
+    assert move.changed and (move.from_version, move.to_version) == (v1, v2)
+    moves = [(e["to_version"], e["actor"]) for e in audit_log(client, model)]
+    assert moves == [(v1, "pipeline"), (v2, actor)]
