@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -255,6 +256,38 @@ def test_write_is_idempotent_per_run_date(spark, tmp_path, source, model_ref):
     counts = {str(r["date"]): r["count"] for r in written.groupBy("date").count().collect()}
     assert counts == {"2025-03-04": 10, "2025-03-05": 10}
     assert sorted(p.name for p in Path(out).glob("date=*")) == ["date=2025-03-04", "date=2025-03-05"]
+
+
+def _last_write_plan(spark) -> str:
+    """The physical plan of the session's newest SQL execution (Spark's SQL status store)."""
+    spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList()
+    plans = [executions.apply(i).physicalPlanDescription() for i in range(executions.size())]
+    return [plan for plan in plans if "InsertIntoHadoopFsRelationCommand" in plan][-1]
+
+
+def test_a_dated_write_plans_no_sort_and_leaves_the_session_conf_as_it_was(spark, tmp_path):
+    # Without concurrent writers Spark sorts every task's rows by date before writing them: at 5M
+    # predictions that held the JVM at its heap. Many dates (more than the open-writer limit)
+    # still land in their own partitions, through Spark's fallback to the sort.
+    from pyspark.sql import functions as F
+    from sparktune.inference import _CONCURRENT_WRITERS, _CONCURRENT_WRITERS_CONF, write_dated_partition
+
+    spark._jsparkSession.sharedState().statusStore()  # listening from here on
+    before = spark.conf.get(_CONCURRENT_WRITERS_CONF, None)
+    one_day = spark.range(1000).select(F.col("id"), F.lit("2025-03-04").cast("date").alias("date"))
+    assert write_dated_partition(one_day, str(tmp_path / "one")) == 1000
+    plan = _last_write_plan(spark)
+    assert not re.search(r"\bSort\b", plan), plan
+    assert spark.conf.get(_CONCURRENT_WRITERS_CONF, None) == before
+
+    days = _CONCURRENT_WRITERS * 3
+    day = F.date_add(F.lit("2025-03-01").cast("date"), (F.col("id") % days).cast("int"))
+    many = spark.range(3000).select(F.col("id"), day.alias("date")).repartition(1)
+    assert write_dated_partition(many, str(tmp_path / "many")) == 3000
+    counts = spark.read.parquet(str(tmp_path / "many")).groupBy("date").count().collect()
+    assert len(counts) == days and {r["count"] for r in counts} == {3000 // days}
+    assert len(list((tmp_path / "many").glob("date=*"))) == days
 
 
 def test_job_writes_a_summary_and_exits_2_on_a_missing_alias(spark, tmp_path, registered, source):
