@@ -99,6 +99,15 @@ def happy_run(home):
     return result
 
 
+def test_the_airflow_database_is_migrated_once_and_stamped_with_its_schema(home, happy_run):
+    # run_dag skips `airflow db migrate` (about 5 s a run) while this stamp matches the database.
+    from sparktune_airflow.embedded import MIGRATED_STAMP
+
+    [(revision,)] = _airflow_db(home, "select version_num from alembic_version")
+    stamp = (home / "airflow" / MIGRATED_STAMP).read_text()
+    assert stamp.startswith("apache-airflow 3.") and stamp.endswith(f" schema {revision}")
+
+
 def test_run_ends_with_a_champion_with_metrics(home, happy_run):
     client = _client(home)
     champion = client.get_model_version_by_alias("support-intent", "champion")
