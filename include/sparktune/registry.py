@@ -211,7 +211,7 @@ def _audit_runs(
 ) -> list:
     """The audit records of ``model_name``, oldest first, filtered by the MLflow server.
 
-    Every page is read: a registry with a long history must not lose its oldest moves. Values that
+    Every page is read: a registry with a long history must not lose any of its moves. Values that
     cannot be quoted in a filter (both quote kinds in an actor) are filtered here instead.
     """
     experiment = client.get_experiment_by_name(AUDIT_EXPERIMENT)
