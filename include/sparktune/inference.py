@@ -359,20 +359,14 @@ def score_texts(
 
 
 def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """``tokenizer(texts)["input_ids"]`` (special tokens added, no truncation or padding), the same
-    ids for less work: a fast tokenizer's backend is asked for ids only (``encode_batch_fast``
-    skips the character offsets that transformers' call computes and then drops here). Any other
-    tokenizer, or a backend left with truncation or padding switched on, goes through the call."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    encode = getattr(backend, "encode_batch_fast", None)
-    if (
-        encode is None
-        or backend.truncation is not None
-        or backend.padding is not None
-        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
+    """``tokenizer(texts)["input_ids"]`` (special tokens added, no truncation or padding), through
+    the fast backend when that gives the same ids (:func:`sparktune.prepare.fast_backend`)."""
+    from sparktune.prepare import fast_backend
+
+    backend = fast_backend(tokenizer)
+    if backend is None:
         return tokenizer(texts, return_attention_mask=False)["input_ids"]
-    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=True)]
 
 
 _COMPLETIONS: dict[tuple[str, tuple[str, ...]], list[str]] = {}

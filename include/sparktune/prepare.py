@@ -531,13 +531,25 @@ def load_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
-def _fast_backend(tokenizer: Any) -> Any | None:
-    """The Rust ``tokenizers.Tokenizer`` that a fast tokenizer's ``__call__`` runs, if it has one."""
+def fast_backend(tokenizer: Any) -> Any | None:
+    """The Rust ``tokenizers.Tokenizer`` that a fast tokenizer's ``__call__`` runs, when calling it
+    directly gives the ids the call gives (special tokens added, no truncation or padding); else None.
+
+    ``backend.encode_batch_fast(texts, add_special_tokens=True)`` skips the character offsets and
+    the Python ``BatchEncoding`` that transformers' call builds: the same ids for less CPU. A
+    backend left truncating or padding, or splitting special tokens otherwise than the tokenizer
+    says, would count differently (transformers sets those per call; a direct call cannot).
+    """
     if hasattr(tokenizer, "encode_batch_fast"):  # already a bare tokenizers.Tokenizer
         return tokenizer
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    # A backend left truncating would undercount: transformers turns that off per call, we cannot.
-    if backend is None or backend.truncation is not None or not hasattr(backend, "encode_batch_fast"):
+    if (
+        backend is None
+        or not hasattr(backend, "encode_batch_fast")
+        or backend.truncation is not None
+        or backend.padding is not None
+        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
         return None
     return backend
 
@@ -569,7 +581,7 @@ def count_tokens(tokenizer: Any, texts: pd.Series) -> pd.Series:
     present = [i for i, text in enumerate(texts) if isinstance(text, str)]
     if present:
         batch = [texts.iat[i] for i in present]
-        backend = _fast_backend(tokenizer)
+        backend = fast_backend(tokenizer)
         if backend is not None:
             # What a fast tokenizer's __call__ runs underneath, minus the offsets and the Python
             # BatchEncoding: the same counts, about 20 % faster on the tiny model's tokenizer.
@@ -593,7 +605,7 @@ def token_counter(tokenizer_path: str, trust_remote_code: bool = False) -> Calla
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
-    backend = _fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
+    backend = fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
     spec = backend.to_str() if backend is not None else None
 
     def n_tokens(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:

@@ -577,7 +577,7 @@ def test_resolve_source_uri_tells_tables_from_files(tmp_path, monkeypatch):
 
 def test_workers_count_tokens_exactly_as_transformers_does(tokenizer_path):
     import pandas as pd
-    from sparktune.prepare import _backend_from_json, _fast_backend, count_tokens, load_tokenizer
+    from sparktune.prepare import _backend_from_json, count_tokens, fast_backend, load_tokenizer
     from transformers import AutoTokenizer
 
     texts = pd.Series(
@@ -585,8 +585,23 @@ def test_workers_count_tokens_exactly_as_transformers_does(tokenizer_path):
     )
     expected = AutoTokenizer.from_pretrained(tokenizer_path)
     want = [None if t is None else len(expected(t)["input_ids"]) for t in texts]
-    shipped = _backend_from_json(_fast_backend(load_tokenizer(tokenizer_path)).to_str())  # what workers get
+    shipped = _backend_from_json(fast_backend(load_tokenizer(tokenizer_path)).to_str())  # what workers get
     for tokenizer in (shipped, expected):
         counts = count_tokens(tokenizer, texts)
         assert [None if pd.isna(c) else int(c) for c in counts] == want
         assert str(counts.dtype) == "Int32"
+
+
+def test_a_backend_left_padding_or_truncating_is_not_used_for_counts(tokenizer_path):
+    # transformers switches padding and truncation off for its own call; a direct backend call
+    # would count the pad tokens (or stop at the truncation length).
+    import pandas as pd
+    from sparktune.prepare import count_tokens
+    from transformers import AutoTokenizer
+
+    texts = pd.Series([GOOD_BILLING, "short", "braces {text} and émojis " * 30])
+    want = [len(AutoTokenizer.from_pretrained(tokenizer_path)(t)["input_ids"]) for t in texts]
+    for configure in (lambda b: b.enable_padding(length=300), lambda b: b.enable_truncation(max_length=4)):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        configure(tokenizer.backend_tokenizer)
+        assert [int(c) for c in count_tokens(tokenizer, texts)] == want
