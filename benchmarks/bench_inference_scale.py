@@ -47,6 +47,7 @@ from bench_prepare import (  # noqa: E402
     parse_rows,
     spark_submit_env,
     submit,
+    write_report,
 )
 
 DEFAULT_ROWS = 5_000_000
@@ -422,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         "projected_seconds_for_5m_rows": round(5_000_000 / largest["rows_per_second"]) if largest else None,
         "runs": runs,
     }
-    out = bench_dir / "inference_scale.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_report(bench_dir / "inference_scale.json", report)
     print()
     print_table(runs)
     if largest:

@@ -188,6 +188,13 @@ def machine_and_versions() -> dict[str, Any]:
     }
 
 
+def write_report(path: Path, report: dict[str, Any]) -> Path:
+    """The bench's JSON report at ``path`` (its folder created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
 def fmt_int(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
@@ -295,9 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         **machine_and_versions(),
         "runs": runs,
     }
-    out = bench_dir / "prepare.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_report(bench_dir / "prepare.json", report)
     print()
     print_table(runs)
     print(f"\nwritten to {out}")
