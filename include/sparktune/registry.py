@@ -209,7 +209,7 @@ def _audit_runs(
     newest_first: bool = False,
     limit: int | None = None,
 ) -> list:
-    """The audit records of ``model_name``, oldest first, filtered by the MLflow server.
+    """The audit records of ``model_name`` that the MLflow server finds, oldest first (or newest).
 
     Every page is read: a registry with a long history must not lose any of its moves. Values that
     cannot be quoted in a filter (both quote kinds in an actor) are filtered here instead.
