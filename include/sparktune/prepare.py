@@ -594,19 +594,84 @@ def count_tokens(tokenizer: Any, texts: pd.Series) -> pd.Series:
     return pd.Series(pd.array(values, dtype="Int32"), index=texts.index)
 
 
+# Bump when what backend_spec stores, or how it is derived, changes: old entries are then ignored.
+_BACKEND_CACHE_VERSION = 1
+
+
+def _backend_cache_key(folder: Path, trust_remote_code: bool) -> str:
+    """What the backend transformers builds from ``folder`` depends on: the tokenizer files, the
+    model config (it names the tokenizer class), both libraries' versions and trust_remote_code."""
+    import hashlib
+    from importlib import metadata
+
+    from sparktune.fingerprint import tokenizer_fingerprint
+
+    config = folder / "config.json"
+    parts = [
+        f"v{_BACKEND_CACHE_VERSION}",
+        tokenizer_fingerprint(str(folder)),
+        hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else "no-config",
+        f"transformers {metadata.version('transformers')}",
+        f"tokenizers {metadata.version('tokenizers')}",
+        f"trust_remote_code {bool(trust_remote_code)}",
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def backend_spec(
+    tokenizer_path: str, trust_remote_code: bool = False, cache_dir: Path | None = None
+) -> str | None:
+    """The JSON of the Rust backend that counts tokens (:func:`fast_backend`), or None for a
+    tokenizer without one (it then loads with transformers wherever it counts).
+
+    Loading the tokenizer with transformers costs a driver about 5 s, most of it importing
+    transformers and torch, on every job. For a local folder the JSON that transformers built is
+    kept in ``cache_dir`` (default ``$SPARKTUNE_HOME/cache/tokenizers``) under a key of everything
+    that goes into it (:func:`_backend_cache_key`): a later job with the same key reads back the
+    very backend transformers built, so it counts the same ids, in milliseconds. The folder's
+    safety checks run every time. A hub id is loaded with transformers every time.
+    """
+    folder = Path(str(tokenizer_path)).expanduser()
+    from sparktune import model_safety
+
+    if not model_safety.is_local_folder(tokenizer_path):
+        backend = fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
+        return backend.to_str() if backend is not None else None
+    model_safety.check_model_folder(folder, trust_remote_code=trust_remote_code)
+    if cache_dir is None:
+        from sparktune.config import settings
+
+        cache_dir = settings().home / "cache" / "tokenizers"
+    entry = cache_dir / f"{_backend_cache_key(folder, trust_remote_code)}.json"
+    try:
+        cached = json.loads(entry.read_text())
+        return cached["backend"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no entry yet, or an unreadable one: build it again
+    backend = fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
+    spec = backend.to_str() if backend is not None else None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = entry.with_name(f".{entry.name}.{uuid.uuid4().hex}")
+        partial.write_text(json.dumps({"tokenizer": str(folder), "backend": spec}))
+        partial.replace(entry)  # atomic: a concurrent job reads a whole entry or none
+    except OSError as exc:  # a read-only home only costs the next job the load
+        log.warning("could not cache the tokenizer backend in %s: %s", cache_dir, exc)
+    return spec
+
+
 def token_counter(tokenizer_path: str, trust_remote_code: bool = False) -> Callable[[Column], Column]:
     """An iterator pandas UDF counting tokens; each worker loads the tokenizer once, not per batch.
 
-    The tokenizer is loaded here, on the driver, with transformers. When it is a fast tokenizer,
-    its configured Rust backend travels to the workers as JSON, so workers import only
-    ``tokenizers``: importing transformers cost each Python worker seconds per job (and every
-    executor of a cluster would need it installed). Slow tokenizers load in each worker.
+    When the tokenizer is a fast one, its configured Rust backend travels to the workers as JSON
+    (:func:`backend_spec`), so workers import only ``tokenizers``: importing transformers cost each
+    Python worker seconds per job (and every executor of a cluster would need it installed).
+    Slow tokenizers load in each worker.
     """
     import pandas as pd
     from pyspark.sql.functions import pandas_udf
 
-    backend = fast_backend(load_tokenizer(tokenizer_path, trust_remote_code))
-    spec = backend.to_str() if backend is not None else None
+    spec = backend_spec(tokenizer_path, trust_remote_code)
 
     def n_tokens(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
         # The loaders are module-level functions, pickled by reference: their caches live in the

@@ -138,6 +138,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.params import InvalidParamsError, parse_params
         from sparktune.prepare import DataPreparationError, resolve_source_uri
+        from sparktune.spark_jvm import input_bytes, short_job_conf
 
         model_name = str(self.model_name)
         event = champion_event(context) if self.follow_champion_events else None
@@ -165,6 +166,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         summary_path = _run_dir(context) / "batch_inference_summary.json"
         summary_path.unlink(missing_ok=True)
         self.application = self.application or job_path("batch_inference")
+        self.conf = short_job_conf(self.conf, input_bytes(source))
         args = [
             "--source", source,
             "--source-format", str(self.source_format),

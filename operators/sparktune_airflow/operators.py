@@ -28,6 +28,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
 from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
+from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, input_bytes, short_job_conf
 
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
@@ -272,6 +273,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         except DataPreparationError as exc:
             raise AirflowFailException(str(exc)) from exc
         check_allowed_location("source_uri", source_uri, self.source_format or params.source_format)
+        self.conf = short_job_conf(self.conf, input_bytes(source_uri))
         self.application = self.application or job_path("prepare_data")
         summary_path = _run_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
@@ -416,8 +418,33 @@ class SparkQualityGateOperator(PySparkOperator):
         typed = pipeline_params(
             self.op_kwargs.get("pipeline_params_value"), {"params": context.get("params") or {}}
         )
-        check_allowed_location("source_uri", self.op_kwargs.get("source_uri"), typed.source_format)
+        source = self.op_kwargs.get("source_uri")
+        check_allowed_location("source_uri", source, typed.source_format)
+        if DRIVER_JAVA_OPTIONS not in _connection_extra(self.conn_id):
+            size = input_bytes(source or _default_source_uri(typed))
+            self.config_kwargs = short_job_conf(self.config_kwargs, size)
         return super().execute(context)
+
+
+def _connection_extra(conn_id: str | None) -> dict[str, Any]:
+    """The connection's extra (Spark conf for ``PySparkOperator``); empty when there is none."""
+    if not conn_id:
+        return {}
+    from airflow.sdk import BaseHook
+
+    try:
+        return dict(BaseHook.get_connection(conn_id).extra_dejson)
+    except Exception:  # PySparkOperator falls back to local[*] without a connection as well
+        return {}
+
+
+def _default_source_uri(params: PipelineParams) -> str | None:
+    from sparktune.prepare import DataPreparationError, resolve_source_uri
+
+    try:
+        return resolve_source_uri(params)
+    except DataPreparationError:
+        return None  # _quality_gate reports it
 
 
 def _disk_full_failure(exc: Any) -> AirflowException:
@@ -562,6 +589,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
                 raise _disk_full_failure(exc) from exc
             self.log.info("dataset %s: rows %s, built in this process", result.dataset_uri, result.rows)
             return self._keep(result.to_summary())
+        self.conf = short_job_conf(self.conf, input_bytes(self.source, self.storage_options))
         self.application = self.application or job_path("materialize_dataset")
         summary_path = _run_dir(context) / "materialize_summary.json"
         summary_path.unlink(missing_ok=True)

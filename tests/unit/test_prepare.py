@@ -605,3 +605,55 @@ def test_a_backend_left_padding_or_truncating_is_not_used_for_counts(tokenizer_p
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         configure(tokenizer.backend_tokenizer)
         assert [int(c) for c in count_tokens(tokenizer, texts)] == want
+
+
+def test_a_cached_backend_is_what_transformers_built_and_loads_without_transformers(tokenizer_path, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    import pandas as pd
+    from sparktune.prepare import _backend_from_json, backend_spec, count_tokens
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_path, folder)
+    cache = tmp_path / "cache"
+    built = backend_spec(str(folder), cache_dir=cache)
+    assert built == AutoTokenizer.from_pretrained(str(folder)).backend_tokenizer.to_str()
+    [entry] = cache.glob("*.json")
+
+    # A new process reads the entry back and counts the same tokens without importing transformers.
+    probe = (
+        "import sys; from pathlib import Path; from sparktune.prepare import backend_spec; "
+        f"spec = backend_spec({str(folder)!r}, cache_dir=Path({str(cache)!r})); "
+        "print(len(spec), 'transformers' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(len(built)), "False", "False"]
+    texts = pd.Series([GOOD_BILLING, "braces {text} and émojis \U0001f600 " * 20])
+    want = [len(AutoTokenizer.from_pretrained(str(folder))(t)["input_ids"]) for t in texts]
+    assert [int(c) for c in count_tokens(_backend_from_json(built), texts)] == want
+
+    # Any change to what transformers builds from (here the tokenizer's config) is a new entry.
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text().replace('"<s>"', '"<s>" ', 1))
+    backend_spec(str(folder), cache_dir=cache)
+    assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_the_backend_cache_still_refuses_an_unsafe_folder(tokenizer_path, tmp_path):
+    import json
+    import shutil
+
+    from sparktune.model_safety import UnsafeModelError
+    from sparktune.prepare import backend_spec
+
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_path, folder)
+    cache = tmp_path / "cache"
+    backend_spec(str(folder), cache_dir=cache)  # cached while the folder was safe
+    (folder / "config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": "custom.Tok"}}))
+    (folder / "custom.py").write_text("raise SystemExit('ran')\n")
+    with pytest.raises(UnsafeModelError, match="trust_remote_code"):
+        backend_spec(str(folder), cache_dir=cache)

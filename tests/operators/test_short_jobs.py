@@ -1,0 +1,80 @@
+"""The pipeline's Spark tasks start their driver JVM with the short-job options on small inputs only
+(sparktune.spark_jvm), and a value the user sets wins. spark-submit and the Spark session are
+replaced by recorders: what is checked is the conf each operator would start Spark with."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import sparktune_airflow.operators as operators
+from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, SHORT_JOB_JAVA_OPTIONS
+from sparktune_airflow import PrepareDataOperator, SparkQualityGateOperator
+
+SUMMARY = {"steps": [], "data_fingerprint": "f" * 20, "prepared_uri": "/lake/prepared/f"}
+
+
+def _context(tmp_path, source):
+    ti = SimpleNamespace(dag_id="d", run_id="manual__1", task_id="t", try_number=1)
+    return {"params": {"source_uri": str(source)}, "ti": ti}
+
+
+@pytest.fixture
+def submitted(monkeypatch):
+    confs: list[dict] = []
+
+    def record(operator, context, summary_path, job):
+        confs.append(dict(operator.conf))
+        return SUMMARY
+
+    monkeypatch.setattr(operators, "_submit_and_read_summary", record)
+    return confs
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_prepare_on_a_small_file_gets_the_short_job_options(home, submitted):
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, source))
+    assert submitted[0][DRIVER_JAVA_OPTIONS] == SHORT_JOB_JAVA_OPTIONS
+    assert submitted[0]["spark.log.level"] == "WARN"
+
+
+def test_prepare_on_a_large_input_or_a_table_keeps_the_jvm_defaults(home, submitted, monkeypatch):
+    monkeypatch.setattr("sparktune.spark_jvm.SHORT_JOB_MAX_BYTES", 10)
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, source))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, "sales.tickets"))
+    assert all(DRIVER_JAVA_OPTIONS not in conf for conf in submitted)
+
+
+def test_the_users_java_options_win(home, submitted):
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    mine = {DRIVER_JAVA_OPTIONS: "-Xss4m"}
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", conf=mine).execute(_context(home, source))
+    assert submitted[0][DRIVER_JAVA_OPTIONS] == "-Xss4m"
+
+
+def test_the_quality_gate_session_gets_them_unless_the_connection_sets_them(home, monkeypatch):
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    seen: list[dict] = []
+    monkeypatch.setattr(PySparkOperator, "execute", lambda op, context: seen.append(dict(op.config_kwargs)))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
+    gate = SparkQualityGateOperator(task_id="validate_data", source_uri=str(source))
+    gate.execute(_context(home, source))
+    assert seen[-1] == {DRIVER_JAVA_OPTIONS: SHORT_JOB_JAVA_OPTIONS}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT",
+        '{"conn_type": "spark", "host": "local[2]", "extra": {"spark.driver.extraJavaOptions": "-Xss4m"}}',
+    )
+    SparkQualityGateOperator(task_id="validate_data", source_uri=str(source)).execute(_context(home, source))
+    assert seen[-1] == {}
