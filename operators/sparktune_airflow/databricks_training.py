@@ -19,18 +19,13 @@ import time
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.databricks.exceptions import DatabricksApiError
-from airflow.providers.databricks.hooks.databricks import DatabricksHook, RunState
-from airflow.providers.databricks.operators.databricks import (
-    XCOM_RUN_ID_KEY,
-    XCOM_RUN_PAGE_URL_KEY,
-    _handle_deferrable_databricks_operator_completion,
-)
-from airflow.providers.databricks.triggers.databricks import DatabricksExecutionTrigger
-from airflow.providers.databricks.utils.databricks import extract_failed_task_errors, validate_trigger_event
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
 
+# The Databricks provider is imported where it is used: its operators module loads Airflow's ORM
+# models and its hooks aiohttp, which every DAG file importing TrainModelOperator paid at parse time.
 if TYPE_CHECKING:
+    from airflow.providers.databricks.exceptions import DatabricksApiError
+    from airflow.providers.databricks.hooks.databricks import DatabricksHook, RunState
     from sparktune.params import PipelineParams
 
 TASK_KEY = "train"
@@ -147,6 +142,8 @@ class DatabricksTrainingMixin:
 
     @cached_property
     def _databricks_hook(self) -> DatabricksHook:
+        from airflow.providers.databricks.hooks.databricks import DatabricksHook
+
         return DatabricksHook(
             self.databricks_conn_id,
             retry_limit=self.databricks_retry_limit,
@@ -159,6 +156,10 @@ class DatabricksTrainingMixin:
     def _execute_databricks(
         self, context: Any, request: dict[str, Any], params: PipelineParams
     ) -> dict[str, Any]:
+        from airflow.providers.databricks.hooks.databricks import RunState
+        from airflow.providers.databricks.operators.databricks import XCOM_RUN_ID_KEY, XCOM_RUN_PAGE_URL_KEY
+        from airflow.providers.databricks.triggers.databricks import DatabricksExecutionTrigger
+
         hook = self._databricks_hook
         self._require_connection(hook)
         local = _local_paths(request)
@@ -214,6 +215,8 @@ class DatabricksTrainingMixin:
         self, hook: DatabricksHook, request: dict[str, Any], params: PipelineParams
     ) -> tuple[int, dict[str, Any]]:
         """The run of this key that is live or succeeded, submitting one when there is none."""
+        from airflow.providers.databricks.hooks.databricks import RunState
+
         execution_timeout = getattr(self, "execution_timeout", None)
         timeout = int(execution_timeout.total_seconds()) if execution_timeout else None
         for attempt in range(MAX_RUNS_PER_KEY):
@@ -244,6 +247,8 @@ class DatabricksTrainingMixin:
         )
 
     def _submit(self, hook: DatabricksHook, payload: dict[str, Any], params: PipelineParams) -> int:
+        from airflow.providers.databricks.exceptions import DatabricksApiError
+
         try:
             return hook.submit_run(payload)
         except DatabricksApiError as exc:
@@ -283,6 +288,8 @@ class DatabricksTrainingMixin:
         hook: DatabricksHook, run_id: int, run_page_url: str, run: dict[str, Any], state: RunState
     ) -> dict[str, Any]:
         """The event ``DatabricksExecutionTrigger`` fires, built for a run that ended already."""
+        from airflow.providers.databricks.utils.databricks import extract_failed_task_errors
+
         return {
             "run_id": run_id,
             "run_page_url": run_page_url,
@@ -293,6 +300,12 @@ class DatabricksTrainingMixin:
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """The end of both paths: raise for a run that did not succeed, else read its MLflow result."""
+        from airflow.providers.databricks.hooks.databricks import RunState
+        from airflow.providers.databricks.operators.databricks import (
+            _handle_deferrable_databricks_operator_completion,
+        )
+        from airflow.providers.databricks.utils.databricks import validate_trigger_event
+
         validate_trigger_event(event)
         self.databricks_run_id = event["run_id"]
         state = RunState.from_json(event["run_state"])

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -33,6 +32,7 @@ from sparktune_airflow.operators import (
     pipeline_params,
     skip_downstream,
 )
+from sparktune_airflow.spark_submit import SparkSubmitOperator
 
 
 def run_day(context: Any) -> str:

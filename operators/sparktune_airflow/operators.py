@@ -21,7 +21,6 @@ from typing import Any
 from airflow.configuration import conf
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
@@ -41,6 +40,7 @@ from sparktune_airflow.links import (
     SparkUILink,
 )
 from sparktune_airflow.mlflow_connection import UsesMLflowConnection
+from sparktune_airflow.spark_submit import SparkSubmitOperator
 
 
 def job_path(job: str) -> str:

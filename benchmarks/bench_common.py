@@ -1,0 +1,122 @@
+"""What every benchmark ends with: its targets judged, printed and written to its JSON, and an exit code.
+
+A target compares one measured number with a threshold: ``at_least`` (a speed-up, a ratio of
+rows/s) or ``at_most`` (seconds over a baseline, a peak in MB). Targets are ratios measured side
+by side in one run wherever they can be, never absolute seconds: the machine is shared and noisy.
+A target that could not be measured in this run (a method failed) is missed; one that does not
+apply to this run's sizes is reported as not checked and fails nothing.
+
+``BENCH_TARGET_FACTOR`` (default 1) makes every target that many times harder (an ``at_least``
+threshold is multiplied by it, an ``at_most`` one divided by it): ``BENCH_TARGET_FACTOR=100``
+checks that a missed target fails the run, without editing a bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+FACTOR_ENV = "BENCH_TARGET_FACTOR"
+
+
+def target_factor() -> float:
+    """How many times harder every target is (``BENCH_TARGET_FACTOR``, default 1)."""
+    raw = os.environ.get(FACTOR_ENV, "").strip()
+    try:
+        factor = float(raw) if raw else 1.0
+    except ValueError:
+        raise SystemExit(f"{FACTOR_ENV} must be a positive number, got {raw!r}") from None
+    if factor <= 0:
+        raise SystemExit(f"{FACTOR_ENV} must be a positive number, got {raw!r}")
+    return factor
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "s":
+        return f"{value:.3f} s"
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {unit}" if unit else text
+
+
+def target(
+    name: str,
+    value: float | None,
+    *,
+    at_least: float | None = None,
+    at_most: float | None = None,
+    unit: str = "",
+    note: str = "",
+) -> dict[str, Any]:
+    """One target: ``value`` against ``at_least`` or ``at_most`` (made harder by ``BENCH_TARGET_FACTOR``).
+
+    ``value`` None means the number could not be measured in this run: the target is missed.
+    """
+    if (at_least is None) == (at_most is None):
+        raise ValueError("give exactly one of at_least and at_most")
+    factor = target_factor()
+    if at_least is not None:
+        threshold, op = at_least * factor, ">="
+        met = value is not None and value >= threshold
+    else:
+        threshold, op = at_most / factor, "<="
+        met = value is not None and value <= threshold
+    shown = "not measured" if value is None else _fmt(value, unit)
+    text = f"{name}: {shown} (target {op} {_fmt(threshold, unit)})"
+    record: dict[str, Any] = {
+        "name": name,
+        "value": value,
+        "op": op,
+        "threshold": threshold,
+        "unit": unit,
+        "met": met,
+        "text": f"{text}: {'met' if met else 'MISSED'}" + (f" ({note})" if note else ""),
+    }
+    if note:
+        record["note"] = note
+    return record
+
+
+def not_checked(name: str, why: str) -> dict[str, Any]:
+    """A target this run cannot judge (its sizes are outside where the target applies): fails nothing."""
+    return {"name": name, "value": None, "met": None, "note": why, "text": f"{name}: not checked ({why})"}
+
+
+def write_report(path: Path, report: dict[str, Any]) -> Path:
+    """The bench's JSON report at ``path`` (its folder created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
+def finish(path: Path, report: dict[str, Any], targets: list[dict[str, Any]], *, ran: bool = True) -> int:
+    """Print the targets, write ``report`` with ``measured_at`` and the targets to ``path``, and return
+    the exit code: 1 when a target was missed or the run itself failed (``ran`` False), else 0."""
+    missed = [t for t in targets if t["met"] is False]
+    passed = ran and not missed
+    report = {
+        **report,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target_factor": target_factor(),
+        "targets": targets,
+        "run_completed": ran,
+        "targets_met": passed,
+    }
+    print("\ntargets:")
+    for t in targets:
+        print(f"  {t['text']}")
+    if not targets:
+        print("  (none)")
+    write_report(path, report)
+    print(f"\nwritten to {path}")
+    if not ran:
+        print("FAILED: the run did not complete (see above)")
+    elif missed:
+        print(f"FAILED: {len(missed)} of {len(targets)} targets missed")
+    else:
+        print("all targets met")
+    return 0 if passed else 1
