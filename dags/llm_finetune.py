@@ -7,8 +7,9 @@ dataset -> LoRA fine-tuning -> evaluation against the champion -> MLflow aliases
 `batch_inference`).
 
 Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC; `off` for none) and
-whenever the training source or feedback asset is updated. A run whose data fingerprint, config
-and code are the champion's skips training and says why (`force_retrain` trains anyway).
+whenever the training source or feedback asset is updated. A run whose source files (before any
+Spark job) or prepared rows (after `prepare_data`), config and code are the champion's skips
+training and says why (`force_retrain` trains anyway).
 
 Every task is a reusable operator from `sparktune_airflow`; the logic lives in the `sparktune`
 package. XCom carries ids, URIs, fingerprints and counts only.
@@ -76,6 +77,13 @@ with DAG(
 
     merge_feedback = MergeFeedbackOperator(task_id="merge_feedback")
 
+    # Before any Spark job: the source files (path, size, modification time) the champion trained on.
+    skip_unchanged_source = SkipUnchangedOperator(
+        task_id="skip_unchanged_source",
+        model_name="{{ params.model_name }}",
+        source_uri=_xcom("merge_feedback", "source_uri"),
+    )
+
     prepare_data = PrepareDataOperator(
         task_id="prepare_data",
         tokenizer=_xcom("resolve_base_model"),
@@ -83,6 +91,7 @@ with DAG(
         source_format=_xcom("merge_feedback", "source_format"),
     )
 
+    # After it: the prepared rows' content, for a source rewritten with the same rows.
     skip_unchanged = SkipUnchangedOperator(
         task_id="skip_unchanged",
         model_name="{{ params.model_name }}",
@@ -121,6 +130,7 @@ with DAG(
         tags={
             "fine_tuned_on": _xcom("prepare_data", "prepared_uri"),
             "data_fingerprint": _xcom("prepare_data", "data_fingerprint"),
+            "source_signature": _xcom("skip_unchanged_source", "source_signature"),
             "base_model": "{{ params.base_model }}",
             "airflow_dag_id": "{{ dag.dag_id }}",
             "airflow_run_id": "{{ run_id }}",
@@ -175,6 +185,7 @@ with DAG(
         validate_params
         >> resolve_base_model
         >> merge_feedback
+        >> skip_unchanged_source
         >> prepare_data
         >> skip_unchanged
         >> validate_data

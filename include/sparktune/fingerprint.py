@@ -102,3 +102,56 @@ def tokenizer_fingerprint(tokenizer_path: str) -> str:
         # A hub id (or a folder without tokenizer files, which loading will reject anyway).
         sha.update(b"id\0" + tokenizer_path.encode())
     return sha.hexdigest()[:16]
+
+
+# What fsspec file systems call a file's modification time (local, S3, Azure, GCS) or, failing that, its ETag.
+_CHANGE_STAMPS = ("mtime", "LastModified", "last_modified", "updated", "ETag")
+
+
+def source_signature(uri: str, storage_options: dict[str, Any] | None = None) -> str | None:
+    """A 20-hex-digit key of the files at ``uri`` as they are listed: each file's path under ``uri``,
+    size and modification time (or ETag), in order. None when it cannot be told without Spark.
+
+    Unlike :func:`data_fingerprint` it reads no data, so a scheduled run can tell in milliseconds,
+    before any Spark job, that its source is the very files the champion was trained on. The same
+    bytes rewritten get a new signature (a new modification time): such a run goes on to prepare
+    the data and is still skipped afterwards by the content fingerprint. None for a catalog table,
+    a location that does not exist or holds no file, and a store whose listing gives no
+    modification time or ETag.
+    """
+    text = str(uri or "").strip()
+    if not text or ("/" not in text and "\\" not in text and "://" not in text):
+        return None  # a catalog table: its version is the catalog's to tell
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, root = url_to_fs(text, **(storage_options or {}))
+        if any(ch in root for ch in "*?["):
+            found = {p: fs.info(p) for p in fs.glob(root)}
+            files = {}
+            for path, info in found.items():
+                files.update(fs.find(path, detail=True) if info.get("type") == "directory" else {path: info})
+        elif fs.isdir(root):
+            files = fs.find(root, detail=True)
+        elif fs.exists(root):
+            files = {root: fs.info(root)}
+        else:
+            return None
+    except OSError:
+        return None
+    entries = []
+    for path, info in sorted(files.items()):
+        stamp = next((info[key] for key in _CHANGE_STAMPS if info.get(key)), None)
+        if stamp is None:
+            return None
+        entries.append([_relative(path, root), int(info.get("size") or 0), str(stamp)])
+    if not entries:
+        return None
+    payload = json.dumps({"uri": fs.unstrip_protocol(root), "files": entries}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
+
+
+def _relative(path: str, root: str) -> str:
+    """``path`` relative to ``root`` when it lies under it, else ``path`` itself."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else path

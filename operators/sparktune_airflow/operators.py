@@ -907,7 +907,8 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
         prepare = self.run_artifacts.get("prepare_summary") or {}
         for step in prepare.get("steps", []):
             client.log_metric(self.run_id, f"rows_out.{step['step']}", step["rows_out"])
-        tags = {k: str(v) for k, v in self.tags.items()}
+        # A value a run could not tell (a table's source signature) is left out, not tagged "None".
+        tags = {k: str(v) for k, v in self.tags.items() if v is not None and str(v) != ""}
         from sparktune.training import CODE_FINGERPRINT_TAG, CODE_VERSION_TAG
 
         run_tags = client.get_run(self.run_id).data.tags

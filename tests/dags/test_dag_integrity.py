@@ -63,6 +63,7 @@ def test_llm_finetune_order(dagbag):
         "validate_params",
         "resolve_base_model",
         "merge_feedback",
+        "skip_unchanged_source",
         "prepare_data",
         "skip_unchanged",
         "validate_data",

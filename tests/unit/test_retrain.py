@@ -52,3 +52,47 @@ def test_code_fingerprint_follows_the_package_sources_only(tmp_path):
     assert code_fingerprint(copy) == code_fingerprint()
     (copy / "gate.py").write_text((copy / "gate.py").read_text() + "\n# changed\n")
     assert code_fingerprint(copy) != code_fingerprint()
+
+
+def test_the_same_source_files_skip_before_spark_and_an_unlisted_source_goes_on():
+    tags = {**CHAMPION_TAGS, "source_signature": "sig1"}
+    same = retrain_decision(
+        champion_version="4", champion_tags=tags, source_signature="sig1", config_hash="cfg1",
+        code_fingerprint="c0de",
+    )  # fmt: skip
+    assert not same.train and "same source files sig1" in same.reason
+    touched = retrain_decision(
+        champion_version="4", champion_tags=tags, source_signature="sig2", config_hash="cfg1",
+        code_fingerprint="c0de",
+    )  # fmt: skip
+    assert touched.train and "source_signature sig1 -> sig2" in touched.reason
+    table = retrain_decision(
+        champion_version="4",
+        champion_tags=tags,
+        source_signature=None,
+        config_hash="cfg1",
+        code_fingerprint="c0de",
+    )
+    assert table.train and "content fingerprint decides" in table.reason
+
+
+def test_a_source_signature_follows_the_listing_not_the_reading(tmp_path):
+    import os
+
+    from sparktune.fingerprint import source_signature
+
+    folder = tmp_path / "tickets"
+    folder.mkdir()
+    (folder / "part-0.parquet").write_bytes(b"a" * 10)
+    (folder / "part-1.parquet").write_bytes(b"b" * 10)
+    first = source_signature(str(folder))
+    assert first and first == source_signature(str(folder)) == source_signature(f"file://{folder}")
+    assert source_signature(str(folder / "*.parquet")) is not None
+    os.utime(folder / "part-1.parquet", ns=(1, 1))  # rewritten: same bytes, another time
+    assert source_signature(str(folder)) != first
+    (folder / "part-2.parquet").write_bytes(b"c")  # a new file
+    assert source_signature(str(folder / "part-0.parquet")) is not None
+    assert source_signature("sales.tickets") is None  # a table: Spark's to read
+    assert source_signature(str(tmp_path / "missing")) is None
+    (tmp_path / "empty").mkdir()
+    assert source_signature(str(tmp_path / "empty")) is None
