@@ -11,7 +11,7 @@ CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
 
-.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference bench-inference-scale
+.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench bench-dag-parse
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -22,6 +22,8 @@ help:
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
 	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
+	@echo "make bench           every bench below at small sizes, one after another (~10 min); fails if any target is missed"
+	@echo "make bench-dag-parse what each DAG file adds over import airflow.sdk, fresh interpreters (target 0.3 s)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
 	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512 (BENCH_TRAIN_STEPS=40)"
@@ -99,6 +101,31 @@ test-load: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# Every bench at the small sizes below (each overridable: make bench BENCH_TRAIN_STEPS=40), one after
+# another; every bench exits 1 when it misses a target, and this exits 1 after all ran, naming them.
+# The venv is brought up to date once, here (-o: the benches' own make does not check it again).
+BENCHES := bench-dag-parse bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-overhead
+bench: venv
+	@export BENCH_DAG_PARSE_REPEATS=$${BENCH_DAG_PARSE_REPEATS:-3} BENCH_ROWS=$${BENCH_ROWS:-100000} \
+		BENCH_SIZES_GB=$${BENCH_SIZES_GB:-0.05} \
+		BENCH_MATERIALIZE_METHODS=$${BENCH_MATERIALIZE_METHODS:-project,from_spark,parquet_roundtrip} \
+		BENCH_TRAIN_STEPS=$${BENCH_TRAIN_STEPS:-12} BENCH_INFERENCE_ROWS=$${BENCH_INFERENCE_ROWS:-1000} \
+		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000}; \
+	start=$$(date +%s); failed=""; summary=""; \
+	for bench in $(BENCHES); do \
+		echo "=== make $$bench"; began=$$(date +%s); \
+		$(MAKE) --no-print-directory -o $(VENV)/.installed $$bench; code=$$?; \
+		if [ $$code = 0 ]; then verdict="met"; else verdict="FAILED (exit $$code)"; failed="$$failed $$bench"; fi; \
+		summary="$$summary$$(printf '\n  %-22s %5d s  %s' $$bench $$(( $$(date +%s) - began )) "$$verdict")"; \
+	done; \
+	echo; echo "make bench: $$(( $$(date +%s) - start )) s$$summary"; \
+	if [ -n "$$failed" ]; then echo "missed a target or failed:$$failed"; exit 1; fi
+
+# What each DAG file adds to the parse over import airflow.sdk (fresh interpreters, medians);
+# writes $(SPARKTUNE_HOME)/bench/dag_parse.json. BENCH_DAG_PARSE_REPEATS passes through.
+bench-dag-parse: venv
+	$(PY) benchmarks/bench_dag_parse.py
 
 # Times the real spark-submit job; writes $(SPARKTUNE_HOME)/bench/prepare.json. BENCH_ROWS passes through.
 bench-prepare: venv

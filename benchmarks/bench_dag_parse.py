@@ -16,9 +16,14 @@ the table gives medians. It also lists which heavy modules a file left imported 
 torch, transformers, pyspark, mlflow or great_expectations; and, for information, the OpenLineage
 listener and the Databricks hook).
 
+Each figure is taken twice: the process's CPU seconds (``time.process_time``) and wall seconds.
+The target is judged on CPU seconds: an import is one thread reading cached files, so on a quiet
+machine the two agree (0.09-0.14 s wall for every file here), while on this shared 2-core machine
+at load 7 the wall figures doubled (``import airflow.sdk`` 1.5 -> 3.2 s) with waiting for a core.
+
 Target (issue 16): every DAG file adds at most 0.3 s over ``import airflow.sdk`` (the median).
 Before the change the operators module pulled in the Spark submit operator's OpenLineage listener
-(the ORM models and the OpenLineage client) and the Databricks hook (aiohttp) at import: about 1 s.
+(the ORM models and the OpenLineage client) and the Databricks hook (aiohttp) at import: 0.9-1.3 s.
 
 Prints a table and writes SPARKTUNE_HOME/bench/dag_parse.json; exits 1 when a file is over. Not a test.
 """
@@ -59,16 +64,17 @@ WATCHED = (
 CHILD = """
 import importlib.util, json, sys, time
 path = sys.argv[1]
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 import airflow.sdk
-sdk = time.perf_counter() - started
+sdk, sdk_cpu = time.perf_counter() - started, time.process_time() - cpu_started
 spec = importlib.util.spec_from_file_location("unusual_prefix_bench_dag", path)
 module = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = module
 spec.loader.exec_module(module)
-total = time.perf_counter() - started
+total, total_cpu = time.perf_counter() - started, time.process_time() - cpu_started
 watched = json.loads(sys.argv[2])
-print(json.dumps({"sdk": sdk, "total": total, "loaded": [m for m in watched if m in sys.modules]}))
+loaded = [m for m in watched if m in sys.modules]
+print(json.dumps({"sdk": sdk, "total": total, "sdk_cpu": sdk_cpu, "total_cpu": total_cpu, "loaded": loaded}))
 """
 
 
@@ -87,7 +93,8 @@ def parse_env(home: Path) -> dict[str, str]:
 
 
 def measure(path: Path, env: dict[str, str]) -> dict[str, Any]:
-    """One fresh interpreter: seconds of ``import airflow.sdk``, of sdk + the DAG file, modules left."""
+    """One fresh interpreter: wall and CPU seconds of ``import airflow.sdk`` and of sdk + the DAG file,
+    and the watched modules it left imported."""
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(path), json.dumps([*HEAVY, *WATCHED])],
         env=env,
@@ -166,31 +173,38 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for path in files:
         runs = samples[path.name]
-        over = [r["total"] - r["sdk"] for r in runs]
+        over_cpu = [r["total_cpu"] - r["sdk_cpu"] for r in runs]
+        over_wall = [r["total"] - r["sdk"] for r in runs]
         loaded = runs[-1]["loaded"]
         rows.append(
             {
                 "file": path.name,
-                "over_sdk_seconds": round(statistics.median(over), 4),
-                "over_sdk_seconds_runs": [round(x, 4) for x in over],
-                "sdk_seconds": round(statistics.median(r["sdk"] for r in runs), 4),
-                "total_seconds": round(statistics.median(r["total"] for r in runs), 4),
+                "over_sdk_cpu_seconds": round(statistics.median(over_cpu), 4),
+                "over_sdk_cpu_seconds_runs": [round(x, 4) for x in over_cpu],
+                "over_sdk_wall_seconds": round(statistics.median(over_wall), 4),
+                "over_sdk_wall_seconds_runs": [round(x, 4) for x in over_wall],
+                "sdk_cpu_seconds": round(statistics.median(r["sdk_cpu"] for r in runs), 4),
+                "sdk_wall_seconds": round(statistics.median(r["sdk"] for r in runs), 4),
                 "heavy_imported": [m for m in loaded if m in HEAVY],
                 "watched_imported": [m for m in loaded if m in WATCHED],
             }
         )
 
-    header = f"{'DAG file':<28} {'over sdk s':>10} {'min-max':>13} {'sdk s':>7} {'total s':>8}  imported"
+    header = (
+        f"{'DAG file':<28} {'over sdk CPU s':>14} {'min-max':>13} {'over sdk wall s':>15} "
+        f"{'sdk CPU s':>9} {'sdk wall s':>10}  imported"
+    )
     print()
     print(header)
     print("-" * len(header))
     for row in rows:
-        runs = row["over_sdk_seconds_runs"]
+        runs = row["over_sdk_cpu_seconds_runs"]
         spread = f"{min(runs):.3f}-{max(runs):.3f}"
         what = ", ".join(row["heavy_imported"] + row["watched_imported"]) or "-"
         print(
-            f"{row['file']:<28} {row['over_sdk_seconds']:>10.3f} {spread:>13} {row['sdk_seconds']:>7.3f} "
-            f"{row['total_seconds']:>8.3f}  {what}"
+            f"{row['file']:<28} {row['over_sdk_cpu_seconds']:>14.3f} {spread:>13} "
+            f"{row['over_sdk_wall_seconds']:>15.3f} {row['sdk_cpu_seconds']:>9.3f} "
+            f"{row['sdk_wall_seconds']:>10.3f}  {what}"
         )
     for name, top in heaviest.items():
         print(f"\n{name}: heaviest imports beyond airflow.sdk (own seconds under -X importtime)")
@@ -199,10 +213,11 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = [
         target(
-            f"{row['file']} over import airflow.sdk",
-            row["over_sdk_seconds"],
+            f"{row['file']} over import airflow.sdk (CPU)",
+            row["over_sdk_cpu_seconds"],
             at_most=TARGET_SECONDS,
             unit="s",
+            note=f"wall {row['over_sdk_wall_seconds']:.3f} s",
         )
         for row in rows
     ]
@@ -218,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "dag_parse",
         "method": (
-            "fresh interpreter per sample in embedded_env over a temp SPARKTUNE_HOME: seconds of "
-            "import airflow.sdk, then of loading the DAG file (spec_from_file_location + exec_module); "
-            "per file the median of the DAG file's seconds over the SDK"
+            "fresh interpreter per sample in embedded_env over a temp SPARKTUNE_HOME: CPU and wall "
+            "seconds of import airflow.sdk, then of loading the DAG file (spec_from_file_location + "
+            "exec_module); per file the median of the DAG file's seconds over the SDK; the target is "
+            "judged on CPU seconds"
         ),
         "repeats": args.repeats,
         "target_seconds": TARGET_SECONDS,

@@ -2,6 +2,7 @@
 
     make bench-materialize                      # about 0.1, 1 and 4 GB of text on local[2]
     BENCH_SIZES_GB=0.1,1 make bench-materialize
+    BENCH_MATERIALIZE_METHODS=project,from_spark,parquet_roundtrip make bench-materialize
     python benchmarks/bench_materialize.py --sizes-gb 0.5 --master 'local[2]'
 
 The input at each size is one generated table (id, text of pseudo-random words, one of 8
@@ -27,7 +28,19 @@ Every method runs in a fresh process with its own Spark session (started before 
 sampled every 20 ms: ``peak_driver_rss_mb`` is the Python driver process (where from_spark and
 toPandas bring data back), ``peak_jvm_rss_mb`` the local-mode JVM (driver + executors).
 
-Prints a table and writes SPARKTUNE_HOME/bench/materialize.json. Not a test.
+Targets (the materialize issue's), each a ratio of seconds measured side by side in this run:
+
+- at every size, the project at least 1.5x faster than ``parquet_roundtrip`` and at least 2x
+  faster than ``from_spark`` (README.md: 6.7x / 7.1x / 5.2x and 13x / 8.4x / 6.6x at 0.1 / 1 / 4 GB);
+- at the largest size, if it is 1 GB or more, the project within 2x of the pyarrow write floor
+  (README.md: 1.56x at 1 GB, 1.37x at 4 GB). Below 1 GB the project's fixed cost (a Spark plan,
+  the label encoding, an fsync per shard) is most of its time, 7.7x the floor's 0.1 s at 0.1 GB,
+  so the floor says nothing there and the target is reported as not checked;
+- at the largest size, the project's driver peak RSS under 1 GB (a bound on memory, not time:
+  README.md measured 432 / 698 / 659 MB).
+
+Prints a table and writes SPARKTUNE_HOME/bench/materialize.json; exits 1 when a method fails
+or a target is missed. Not a test.
 """
 
 from __future__ import annotations
@@ -44,7 +57,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import finish, not_checked, target  # noqa: E402
+
 DEFAULT_SIZES_GB = "0.1,1,4"
+# The project's speed-up over each method, at every size; see the docstring for the others.
+TARGET_SPEEDUPS = (("parquet_roundtrip", 1.5), ("from_spark", 2.0))
+TARGET_FLOOR_RATIO = 2.0
+FLOOR_TARGET_MIN_GB = 1.0
+TARGET_DRIVER_RSS_MB = 1024
 METHODS = (
     "project",
     "project_executors",
@@ -338,38 +360,49 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def check_targets(results: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets, each as a line saying met or missed with the measured ratio."""
-    lines = []
+def check_targets(results: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
+    """The targets of the docstring; one that needs a method this run left out is not checked."""
+    targets = []
     by = {(r["size_gb"], r["method"]): r for r in results if r.get("seconds")}
     sizes = sorted({r["size_gb"] for r in results})
+    if "project" not in methods:
+        return [not_checked("every target", "the project's method was not run")]
     for size in sizes:
         project = by.get((size, "project"))
-        if not project:
-            continue
-        for method, target in (("parquet_roundtrip", 1.5), ("from_spark", 2.0)):
+        for method, speedup in TARGET_SPEEDUPS:
+            name = f"{size_label(size)}: project's speed-up over {method}"
+            if method not in methods:
+                targets.append(not_checked(name, f"{method} was not run"))
+                continue
             other = by.get((size, method))
-            if other:
-                ratio = other["seconds"] / project["seconds"]
-                verdict = "met" if ratio >= target else "MISSED"
-                lines.append(
-                    f"{size_label(size)}: {ratio:.2f}x faster than {method} (target {target}x): {verdict}"
-                )
+            ratio = other["seconds"] / project["seconds"] if project and other else None
+            targets.append(
+                target(name, None if ratio is None else round(ratio, 2), at_least=speedup, unit="x")
+            )
     largest = max(sizes)
-    project, floor = by.get((largest, "project")), by.get((largest, "arrow_write_floor"))
-    if project and floor:
-        ratio = project["seconds"] / floor["seconds"]
-        lines.append(
-            f"{size_label(largest)}: {ratio:.2f}x the pyarrow write floor (target within 2x): "
-            + ("met" if ratio <= 2 else "MISSED")
+    name = f"{size_label(largest)}: project's seconds over the pyarrow write floor's"
+    if "arrow_write_floor" not in methods:
+        targets.append(not_checked(name, "arrow_write_floor was not run"))
+    elif largest < FLOOR_TARGET_MIN_GB:
+        targets.append(
+            not_checked(name, f"below {FLOOR_TARGET_MIN_GB:g} GB the project's fixed cost dominates")
         )
-    if project:
-        rss = project["peak_driver_rss_mb"]
-        lines.append(
-            f"{size_label(largest)}: driver peak RSS {rss:,.0f} MB (target under 1 GB): "
-            + ("met" if rss < 1024 else "MISSED")
+    else:
+        project, floor = by.get((largest, "project")), by.get((largest, "arrow_write_floor"))
+        ratio = project["seconds"] / floor["seconds"] if project and floor else None
+        targets.append(
+            target(name, None if ratio is None else round(ratio, 2), at_most=TARGET_FLOOR_RATIO, unit="x")
         )
-    return lines
+    project = by.get((largest, "project"))
+    targets.append(
+        target(
+            f"{size_label(largest)}: project's driver peak RSS",
+            project["peak_driver_rss_mb"] if project else None,
+            at_most=TARGET_DRIVER_RSS_MB,
+            unit="MB",
+        )
+    )
+    return targets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated sizes of text in GB (default: BENCH_SIZES_GB or {DEFAULT_SIZES_GB})",
     )
     parser.add_argument(
-        "--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS)
+        "--methods",
+        default=os.environ.get("BENCH_MATERIALIZE_METHODS") or ",".join(METHODS),
+        help="comma-separated subset of "
+        + ",".join(METHODS)
+        + " (default: BENCH_MATERIALIZE_METHODS or all)",
     )
     parser.add_argument("--master", default=os.environ.get("BENCH_MASTER", "local[2]"))
     parser.add_argument("--driver-memory", default=os.environ.get("BENCH_DRIVER_MEMORY", "4g"))
@@ -444,14 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print()
     print_table(results)
-    targets = check_targets(results)
-    print()
-    for line in targets:
-        print(line)
-    out.parent.mkdir(parents=True, exist_ok=True)
     report = {
+        "benchmark": "materialize",
         "results": results,
-        "targets": targets,
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -459,11 +491,9 @@ def main(argv: list[str] | None = None) -> int:
             "master": args.master,
             "driver_memory": args.driver_memory,
         },
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out.write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {out}")
-    return 0
+    ran = not any(str(r.get("note", "")).startswith("failed") for r in results)
+    return finish(out, report, check_targets(results, methods), ran=ran)
 
 
 def print_progress(record: dict[str, Any]) -> None:
