@@ -71,9 +71,13 @@ def small_disk(tmp_path):
             text=True,
         )
         if done.returncode != 0:
-            reason = done.stderr.strip()
+            reason = " ".join(done.stderr.split())  # one line in the -rs summary
             if os.geteuid() != 0 or "permission denied" in reason.lower() or "only root" in reason:
-                pytest.skip(f"mounting a tmpfs is not permitted here (needs root or CAP_SYS_ADMIN): {reason}")
+                pytest.skip(
+                    f"cannot mount a tmpfs here ({reason or 'not root'}): the full-disk tests need root or "
+                    "CAP_SYS_ADMIN; run them as root (CI does) or in a container started with "
+                    "--cap-add SYS_ADMIN"
+                )
             pytest.fail(f"mount -t tmpfs failed: {reason}")
         mounted.append(point)
         return point

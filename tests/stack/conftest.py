@@ -171,8 +171,9 @@ def _task_states(stack: Stack, dag_id: str, run_id: str) -> dict[str, dict[str, 
     return {t["task_id"]: t for t in tasks["task_instances"]}
 
 
-def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> Any:
-    """The submission record of the training process ``train`` started, once that process runs."""
+def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> tuple[Path, Any]:
+    """The work folder and submission record of the training process ``train`` started, once that
+    process runs."""
     from sparktune_airflow.training_process import RECORD_NAME, read_record
 
     deadline = time.monotonic() + timeout
@@ -180,12 +181,34 @@ def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) 
         for record_path in stack.home.rglob(RECORD_NAME):
             record = read_record(record_path.parent)
             if record is not None and record.process() is not None:
-                return record
+                return record_path.parent, record
         states = _task_states(stack, "llm_finetune", run_id)
         finished = [t for t, ti in states.items() if ti["state"] in ("failed", "upstream_failed")]
         assert not finished, f"the run failed before training started: {finished}"
         time.sleep(1)
     raise AssertionError(f"no live training process after {timeout:.0f} s")
+
+
+def _wait_for_the_next_train_try(stack: Stack, run_id: str, record: Any, timeout: float = 300) -> dict:
+    """Watch ``train`` after the restart until a try after the first runs (the new scheduler reset
+    the orphaned try 1, and try 2 was queued and started), and say whether the training process of
+    the record was alive then. A process alive after the reset was alive at it: a pid with the same
+    start time never comes back. Gives up quietly when the run ends first or after ``timeout``
+    seconds: the test says what that means."""
+    from urllib.parse import quote
+
+    deadline = time.monotonic() + timeout
+    seen: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        train = _task_states(stack, "llm_finetune", run_id)["train"]
+        seen = {"try_number": train["try_number"], "state": train["state"]}
+        if train["try_number"] >= 2 and train["state"] == "running":
+            return {**seen, "training_alive": record.process() is not None}
+        run = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{quote(run_id, safe='')}")
+        if run["state"] in ("success", "failed"):
+            break
+        time.sleep(0.5)
+    return {**seen, "training_alive": None}
 
 
 def _kill_scheduler_during_training(stack: Stack, run_id: str) -> dict[str, Any]:
@@ -196,23 +219,34 @@ def _kill_scheduler_during_training(stack: Stack, run_id: str) -> dict[str, Any]
     process lives in a session of its own and keeps running. The restart waits until the dead
     scheduler's heartbeat is stale, as a real restart after a crash would be: the new scheduler then
     resets the orphaned ``train`` task, and its next try must reattach instead of training again.
+
+    Returns what the test checks: the training process at the kill (pid and start time, the
+    submission record's folder), the try of ``train`` that was running, and whether the process
+    was alive right after the kill, at the restart, and once the next try ran.
     """
     import signal
 
     from sparktune_airflow.stack import _read_pids, up
 
-    record = _wait_for_training_process(stack, run_id)
+    work_dir, record = _wait_for_training_process(stack, run_id)
+    train_at_kill = _task_states(stack, "llm_finetune", run_id)["train"]
     scheduler = _read_pids(stack.config)["scheduler"]
     os.killpg(scheduler, signal.SIGKILL)
     killed_at = time.monotonic()
     alive_after_kill = record.process() is not None
     time.sleep(SCHEDULER_HEALTH_THRESHOLD + 2)
     up(stack.config, timeout=300, base=stack.base_env)
+    alive_at_restart = record.process() is not None
+    restart_seconds = round(time.monotonic() - killed_at, 1)
     return {
         "training_pid": record.pid,
+        "training_create_time": record.create_time,
+        "work_dir": str(work_dir),
+        "train_at_kill": {"try_number": train_at_kill["try_number"], "state": train_at_kill["state"]},
         "training_alive_after_kill": alive_after_kill,
-        "training_alive_at_restart": record.process() is not None,
-        "restart_seconds": round(time.monotonic() - killed_at, 1),
+        "training_alive_at_restart": alive_at_restart,
+        "restart_seconds": restart_seconds,
+        "next_try": _wait_for_the_next_train_try(stack, run_id, record),
     }
 
 

@@ -10,6 +10,7 @@ Airflow and MLflow REST APIs, and lineage from the file transport the stack conf
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from urllib.parse import quote
 
 import psutil
@@ -107,26 +108,36 @@ def _search_runs(stack, filter_string: str) -> list[dict]:
 
 def test_a_scheduler_killed_during_train_leaves_one_training_job_one_run_one_version(stack, rest_run):
     """rest_run SIGKILLs the scheduler's process group (executor, supervisors, task runner) while the
-    training process runs, and restarts the scheduler; the next try of ``train`` must follow that
-    process (or reuse its finished run), never start a second training."""
+    training process runs, and restarts the scheduler; the next try of ``train`` must reattach to that
+    very process while it still runs and follow it to the end: never start a second training, nor
+    only pick up a run that finished while no try watched it."""
+    from sparktune_airflow.training_process import read_record
+
     fault = rest_run["fault"]
-    assert fault["training_alive_after_kill"], fault  # the kill hit a running training job
+    pid = fault["training_pid"]
+    # The kill hit try 1 while its training process ran, and the process outlived the scheduler.
+    assert fault["train_at_kill"] == {"try_number": 1, "state": "running"}, fault
+    assert fault["training_alive_after_kill"] and fault["training_alive_at_restart"], fault
+    # The new scheduler reset the orphaned try 1; try 2 ran while that same process was alive.
+    assert fault["next_try"]["try_number"] == 2 and fault["next_try"]["training_alive"], fault
     train = rest_run["tasks"]["train"]
-    assert train["state"] == "success" and train["try_number"] >= 2, train
+    assert train["state"] == "success" and train["try_number"] == 2, train
     logs_dir = stack.home / "stack" / "logs" / "tasks" / "dag_id=llm_finetune"
     logs = {
         path.name: path.read_text(errors="replace")
         for path in logs_dir.glob(f"run_id={rest_run['dag_run_id']}/task_id=train/attempt=*.log")
     }
-    assert len(logs) == train["try_number"], sorted(logs)
+    assert sorted(logs) == ["attempt=1.log", "attempt=2.log"], sorted(logs)
     started = [name for name, text in logs.items() if "Starting: " in text]
     assert started == ["attempt=1.log"], started  # one training process, from the first try
-    last = logs[f"attempt={train['try_number']}.log"]
-    followed = f"Reattaching to training process {fault['training_pid']}" in last
-    reused = "Reusing finished MLflow run" in last
-    assert followed or reused, last[-3000:]
-    if fault["training_alive_at_restart"]:
-        assert followed, last[-3000:]
+    second = logs["attempt=2.log"]
+    reattached = f"Reattaching to training process {pid} ("
+    assert reattached in second and "Reusing finished MLflow run" not in second, second[-3000:]
+    assert "training result:" in second.split(reattached, 1)[1], second[-3000:]  # followed to its end
+    # Every start rewrites the submission record with its process's pid and start time: the record
+    # still naming the process alive at the kill means no other training process ever started.
+    record = read_record(Path(fault["work_dir"]))
+    assert record is not None and (record.pid, record.create_time) == (pid, fault["training_create_time"])
     # One MLflow training run and one model version for this Airflow run.
     runs = _search_runs(stack, f"tags.`airflow.run_id` = '{rest_run['dag_run_id']}'")
     training = [r for r in runs if any(t["key"] == "sparktune.train_key" for t in r["data"]["tags"])]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,29 +175,90 @@ def test_ensure_builds_the_tiny_model_once(tmp_path, monkeypatch):
     assert len(built) == 2
 
 
-def test_concurrent_ensures_build_once(tmp_path, monkeypatch):
-    built: list[Path] = []
+# One builder of the built-in model in a process of its own: its build writes ``building-<pid>`` into
+# the gate folder, then waits there until the test creates ``release``. filelock's DEBUG log on
+# stderr says when the lock it wants is held by someone else ("... not acquired on ..., waiting").
+_GATED_BUILDER = """
+import logging, os, sys, time
+from pathlib import Path
+from sparktune import base_model
 
-    def slow_fake_build(output_dir, corpus, **kwargs):
-        built.append(output_dir)
-        time.sleep(0.3)  # long enough for the other caller to find the lock taken
-        output_dir.mkdir(parents=True)
-        (output_dir / "config.json").write_text("{}")
-        return output_dir
+models, gate = Path(sys.argv[1]), Path(sys.argv[2])
+logging.basicConfig(stream=sys.stderr, format="%(name)s %(message)s")
+logging.getLogger("filelock").setLevel(logging.DEBUG)
 
-    monkeypatch.setattr(base_model, "build_tiny_base_model", slow_fake_build)
-    monkeypatch.setattr(base_model, "TINY_CORPUS_TEXTS", 10)
-    results: list[str] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(ensure_base_model(TINY_BASE_MODEL, tmp_path)))
-        for _ in range(3)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(built) == 1
-    assert results == [str(tmp_path / "base" / TINY_BASE_MODEL)] * 3
+def gated_build(output_dir, corpus, **kwargs):
+    (gate / f"building-{os.getpid()}").touch()
+    while not (gate / "release").exists():
+        time.sleep(0.02)
+    output_dir.mkdir(parents=True)
+    (output_dir / "config.json").write_text("{}")
+    return output_dir
+
+base_model.build_tiny_base_model = gated_build
+base_model.TINY_CORPUS_TEXTS = 10
+print(base_model.ensure_base_model(base_model.TINY_BASE_MODEL, models))
+"""
+
+
+def _wait_for(condition, what: str, *processes: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        ended = [f"pid {p.pid} exit code {p.returncode}" for p in processes if p.poll() is not None]
+        assert not ended, f"waiting for {what}, a builder exited first: {ended}"
+        assert time.monotonic() < deadline, f"waiting for {what}: timed out after {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+def test_a_second_process_waits_on_the_lock_while_the_first_builds_and_then_reuses_its_model(tmp_path):
+    """Two processes ask for the built-in model at once. The first holds the lock inside its build
+    until the test lets it finish; the second is started meanwhile and seen waiting on that lock.
+    Released, the first finishes the model, and the second finds it: one build, one folder."""
+    models, gate = tmp_path / "models", tmp_path / "gate"
+    gate.mkdir()
+    target = models / "base" / TINY_BASE_MODEL
+
+    def builder(name: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", _GATED_BUILDER, str(models), str(gate)],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / f"{name}.log").open("w"),
+            text=True,
+        )
+
+    def builds() -> list[str]:
+        return sorted(p.name for p in gate.glob("building-*"))
+
+    def log(name: str) -> str:
+        return (tmp_path / f"{name}.log").read_text()
+
+    first = builder("first")
+    second = None
+    try:
+        _wait_for(lambda: builds(), "the first builder to start building", first)
+        assert builds() == [f"building-{first.pid}"]
+        second = builder("second")
+        _wait_for(
+            lambda: "not acquired on" in log("second") or len(builds()) > 1,
+            "the second builder to wait on the lock",
+            first,
+            second,
+        )
+        assert builds() == [f"building-{first.pid}"], "the second builder built while the first held the lock"
+        assert second.poll() is None and "not acquired on" in log("second"), log("second")
+        assert not (target / "config.json").exists()
+        (gate / "release").touch()
+        outputs = [p.communicate(timeout=60)[0].strip() for p in (first, second)]
+    finally:
+        (gate / "release").touch()
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+    assert [first.returncode, second.returncode] == [0, 0], log("first") + log("second")
+    assert outputs == [str(target)] * 2
+    assert builds() == [f"building-{first.pid}"]  # the second never built: it found the model
+    assert "acquired on" in log("second").rsplit("not acquired on", 1)[1]  # ...once the first let go
+    assert (target / "config.json").read_text() == "{}"
 
 
 def test_ensure_accepts_local_model_folders(tmp_path, monkeypatch, small_model):
