@@ -17,6 +17,11 @@ from pathlib import Path
 import pytest
 from sparktune.params import TINY_MODEL_RECIPE
 
+try:
+    from tests import leak_guard
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    import leak_guard
+
 pytestmark = pytest.mark.e2e
 
 # Variables the test session set for unit tests; the DAG run must get the embedded defaults instead.
@@ -31,14 +36,10 @@ FAST_TRAINING = TINY_MODEL_RECIPE  # what make demo runs
 
 @pytest.fixture(scope="module", autouse=True)
 def _restore_tracking_uri():
-    # _client points this process at the DAG's store; later test modules must not inherit it.
-    import mlflow
-
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    yield
-    mlflow.set_tracking_uri(saved)
-    if saved is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    # Nothing here should set MLflow's globals (_client hands out a client bound to the DAG's store);
+    # if something does, later test modules must not inherit it.
+    with leak_guard.mlflow_restored():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +85,11 @@ def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.Com
 
 
 def _client(home: Path):
-    import mlflow
+    """A client of the DAG's store; MLflow's global tracking URI stays as it was (a test that set it
+    would leave it to every later test: tests/leak_guard.py)."""
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri)
+    return MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    from tests import leak_guard
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    import leak_guard
+
 pytestmark = pytest.mark.e2e
 
 _SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
@@ -54,22 +59,21 @@ def registry(tmp_path_factory):
     home = tmp_path_factory.mktemp("rollback-home")
     settings = Settings(home=home)
     settings.mlflow_dir.mkdir(parents=True)
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(settings.embedded_mlflow_uri)
     client = MlflowClient(settings.embedded_mlflow_uri)
-    experiment = client.create_experiment("rollback-e2e", artifact_location=settings.mlflow_artifact_root)
-    for version in ("1", "2"):
-        with mlflow.start_run(experiment_id=experiment) as run:
-            mlflow.pyfunc.log_model(name="model", python_model=Echo(), pip_requirements=[])
-        assert (
-            register_run_model(client, MODEL, run.info.run_id, {"data_fingerprint": f"fp{version}"})
-            == version
-        )
-        move_alias(client, MODEL, CHAMPION, version, actor="test", reason=f"promote v{version}")
-    yield home, client
-    mlflow.set_tracking_uri(saved)
-    if saved is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    # The fluent API (start_run, register_run_model) needs the global tracking URI on this store;
+    # the tests only use the client, so the global is put back as soon as the registry is built.
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(settings.embedded_mlflow_uri)
+        experiment = client.create_experiment("rollback-e2e", artifact_location=settings.mlflow_artifact_root)
+        for version in ("1", "2"):
+            with mlflow.start_run(experiment_id=experiment) as run:
+                mlflow.pyfunc.log_model(name="model", python_model=Echo(), pip_requirements=[])
+            assert (
+                register_run_model(client, MODEL, run.info.run_id, {"data_fingerprint": f"fp{version}"})
+                == version
+            )
+            move_alias(client, MODEL, CHAMPION, version, actor="test", reason=f"promote v{version}")
+    return home, client
 
 
 def test_rollback_dag_restores_the_previous_champion_and_audits_the_run(registry):

@@ -79,13 +79,15 @@ class FakeSubprocessHook:
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch):
+def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     from sparktune_airflow import operators
 
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setattr(operators, "SubprocessHook", FakeSubprocessHook)
     FakeSubprocessHook.commands = []
+    # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
+    # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
     client = operators._mlflow_client()
     experiment = client.create_experiment("sparktune-eval-op", artifact_location=str(tmp_path / "artifacts"))
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]

@@ -49,7 +49,9 @@ def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_t
         operator.execute({})
 
 
-def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(tmp_path, monkeypatch):
+def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
+    tmp_path, monkeypatch, restore_mlflow_globals
+):
     from mlflow.tracking import MlflowClient
     from sparktune.params import parse_params
     from sparktune.training import code_fingerprint

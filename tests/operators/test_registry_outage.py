@@ -61,6 +61,11 @@ from sparktune.registry import (
 from sparktune_airflow.operators import PromoteModelOperator, PromotionGateOperator, RegisterModelOperator
 from sparktune_airflow.stack import StackConfig, drop_databases, ensure_databases, mlflow_command
 
+try:
+    from tests import leak_guard
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    import leak_guard
+
 MODEL = "outage-intent"
 METRICS = {"eval_accuracy": 0.95, "eval_loss": 0.1, "eval_macro_f1": 0.95}
 
@@ -290,7 +295,7 @@ def proxy(server):
 
 
 @pytest.fixture()
-def env(proxy, monkeypatch):
+def env(proxy, monkeypatch, restore_mlflow_globals):
     """The task's environment: mlflow_default at the proxy, MLflow's retries turned down."""
     connection = {"conn_type": "generic", "host": "127.0.0.1", "port": proxy.port, "schema": "http"}
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(connection))
@@ -299,12 +304,10 @@ def env(proxy, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    saved = mlflow.get_tracking_uri()
-    yield
+    yield  # the operators' MLflow client sets MLflow's globals: restore_mlflow_globals puts them back
     proxy.cut = None
     if not proxy.is_up:
         proxy.up()
-    mlflow.set_tracking_uri(saved)
 
 
 @pytest.fixture(scope="module")
@@ -321,14 +324,11 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 def trained_run(server: MlflowServer) -> str:
     """A finished MLflow run with a logged model, as ``train`` leaves one (the registry does not
     look inside the model, so a tiny pyfunc stands in for the fine-tuned one)."""
-    saved = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(server.url)
-    try:
+    with leak_guard.mlflow_restored():  # the URI and the experiment, for the fluent calls only
+        mlflow.set_tracking_uri(server.url)
         mlflow.set_experiment("sparktune-outage-intent")
         with mlflow.start_run() as run:
             mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
-    finally:
-        mlflow.set_tracking_uri(saved)
     return run.info.run_id
 
 

@@ -175,7 +175,7 @@ def test_on_kill_stops_the_training_process(workspace):
 
 @pytest.mark.spark
 def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
-    workspace, standalone_cluster, monkeypatch
+    workspace, standalone_cluster, monkeypatch, restore_mlflow_globals
 ):
     from sparktune_airflow.operators import RegisterModelOperator
 

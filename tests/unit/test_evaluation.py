@@ -8,11 +8,15 @@ import math
 import pytest
 
 try:
+    from tests import leak_guard
     from tests.unit import tiny_model
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    import leak_guard
     import tiny_model
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
+# Training, evaluation and model loading run in this process and set MLflow's globals
+# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +28,10 @@ def full_run(root):
 def test_result(root, full_run):
     from sparktune.evaluation import evaluate_model
 
-    return evaluate_model(
-        full_run.model_uri, str(root / "data"), tracking_uri=tiny_model.tracking_uri(root), batch_size=16
-    )
+    with leak_guard.mlflow_restored():  # evaluate_model leaves MLflow's global tracking URI set
+        return evaluate_model(
+            full_run.model_uri, str(root / "data"), tracking_uri=tiny_model.tracking_uri(root), batch_size=16
+        )
 
 
 def test_trained_model_beats_chance(test_result):

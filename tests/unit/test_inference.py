@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 
 try:
+    from tests import leak_guard
     from tests.unit import tiny_model
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    import leak_guard
     import tiny_model
+
+# resolve_model and the batch inference job set MLflow's globals in this process: put back after each test.
+pytestmark = pytest.mark.usefixtures("restore_mlflow_globals")
 
 MODEL_NAME = "tiny-intent-inference"
 SCORED_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -27,7 +32,7 @@ def registered(root, torch_single_thread):
     result = tiny_model.trained(root, "full")
     uri = tiny_model.tracking_uri(root)
     client = MlflowClient(tracking_uri=uri)
-    with using_tracking_uri(uri):
+    with leak_guard.mlflow_restored(), using_tracking_uri(uri):
         version = register_run_model(
             client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-tiny"}
         )
@@ -40,7 +45,8 @@ def model_ref(registered):
     from sparktune.inference import resolve_model
 
     root, uri = registered
-    return resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
+    with leak_guard.mlflow_restored():  # resolve_model points MLflow's globals at uri (using_tracking_uri)
+        return resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
 
 
 @pytest.fixture(scope="module")

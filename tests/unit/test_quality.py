@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -34,6 +35,11 @@ from sparktune.quality import (
     warning_rules,
 )
 
+try:
+    from tests import leak_guard
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    import leak_guard
+
 pytestmark = pytest.mark.spark
 
 COLUMNS = ["example_id", "text", "label", "prompt", "completion", "n_tokens", "split"]
@@ -53,6 +59,8 @@ PARAMS = parse_params(
 @pytest.fixture(autouse=True)
 def _home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    # Great Expectations puts each project's gx/plugins folder on sys.path: put it back after a test.
+    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +125,15 @@ def gate_report(spark, gx_root, tmp_path_factory) -> QualityReport:
         }
     )
     pq.write_to_dataset(prepared, data / "prepared", partition_cols=["split"])  # as preparation writes it
-    report = run_quality_gate(
-        spark,
-        PARAMS,
-        prepared_uri=str(data / "prepared"),
-        source_uri=str(source),
-        gx_root=gx_root,
-        run_id="scheduled__2026-01-01T00:00:00+00:00",
-    )
+    with leak_guard.restored():  # GX's plugins folder on sys.path, as in _home
+        report = run_quality_gate(
+            spark,
+            PARAMS,
+            prepared_uri=str(data / "prepared"),
+            source_uri=str(source),
+            gx_root=gx_root,
+            run_id="scheduled__2026-01-01T00:00:00+00:00",
+        )
     # The number the brief asks for: how long the gate takes per DAG run on ~10k rows.
     print(f"\nrun_quality_gate on {CLEAN_ROWS} prepared rows: {report.statistics['validation_seconds']} s")
     return report
@@ -156,7 +165,10 @@ DEFECT_PARAMS = parse_params({**PARAMS.to_dict(), "quality_warning_rules": "text
 def defect_report(spark, gx_root, gate_report) -> QualityReport:
     # Depends on gate_report so this run reuses the GX project the first run created.
     df = spark.createDataFrame(DEFECT_ROWS, COLUMNS)
-    return validate_prepared(df, DEFECT_PARAMS, gx_root=gx_root, run_id="manual__2026-01-02T00:00:00+00:00")
+    with leak_guard.restored():
+        return validate_prepared(
+            df, DEFECT_PARAMS, gx_root=gx_root, run_id="manual__2026-01-02T00:00:00+00:00"
+        )
 
 
 # 30% null labels, text as numbers, a boolean quality score, a missing id column, 10 rows.
@@ -167,7 +179,8 @@ RAW_PARAMS = parse_params({"text_column": "message", "id_column": "ticket_id", "
 @pytest.fixture(scope="module")
 def raw_defect_report(spark, gx_root, gate_report) -> QualityReport:
     df = spark.createDataFrame(RAW_DEFECTS, "MESSAGE bigint, intent_label string, quality_score boolean")
-    return validate_raw(df, RAW_PARAMS, gx_root=gx_root, run_id="raw-defects")
+    with leak_guard.restored():
+        return validate_raw(df, RAW_PARAMS, gx_root=gx_root, run_id="raw-defects")
 
 
 # --- rules as data

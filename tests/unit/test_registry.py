@@ -20,22 +20,29 @@ from sparktune.registry import (
     rollback_champion,
 )
 
+try:
+    from tests import leak_guard
+except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+    import leak_guard
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     # One database per module: creating MLflow's schema costs seconds.
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    saved = mlflow.get_tracking_uri()  # the session's store (tests/conftest.py)
-    mlflow.set_tracking_uri(uri)
-    experiment = mlflow.create_experiment("registry-test", artifact_location=(root / "artifacts").as_uri())
-    yield uri, experiment
-    # Not None: that unsets MLFLOW_TRACKING_URI and the next fluent call opens ./mlflow.db.
-    mlflow.set_tracking_uri(saved)
+    # The module's tests use the fluent API (start_run, register_model) on this store; afterwards
+    # MLflow's globals and MLFLOW_TRACKING_URI are exactly as before (the session's store).
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(uri)
+        experiment = mlflow.create_experiment(
+            "registry-test", artifact_location=(root / "artifacts").as_uri()
+        )
+        yield uri, experiment
 
 
 @pytest.fixture()
-def client(store):
+def client(store, restore_mlflow_globals):
     uri, experiment = store
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment_id=experiment)

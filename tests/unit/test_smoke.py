@@ -9,7 +9,9 @@ try:
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
     import tiny_model
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
+# Training, evaluation and model loading run in this process and set MLflow's globals
+# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
 def test_answers_of_every_flavour_become_one_string_per_row():
@@ -56,7 +58,7 @@ def test_a_trained_model_passes_and_its_latency_is_recorded(root):
     }
 
 
-def test_answers_outside_the_label_set_fail_the_smoke_test_with_examples(root, tmp_path):
+def test_answers_outside_the_label_set_fail_the_smoke_test_with_examples(root, tmp_path, monkeypatch):
     import json
 
     from datasets import ClassLabel, load_from_disk
@@ -64,6 +66,9 @@ def test_answers_outside_the_label_set_fail_the_smoke_test_with_examples(root, t
     from sparktune.training import using_tracking_uri
 
     full = tiny_model.trained(root, "full")
+    # main() configures the process as a CLI does and turns MLflow's progress bars off in the
+    # environment (if unset): set here, so that monkeypatch takes it back after the test.
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     # The same rows under label names the model never learned: every answer is "no label".
     dataset = load_from_disk(str(root / "data"))
     renamed = ClassLabel(names=[f"other_{name}" for name in dataset["validation"].features["label"].names])

@@ -18,7 +18,9 @@ try:
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
     import tiny_model
 
-pytestmark = pytest.mark.usefixtures("torch_single_thread")
+# Training, evaluation and model loading run in this process and set MLflow's globals
+# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
 def _request(root: Path, name: str, **overrides):
