@@ -10,8 +10,11 @@ DAG ?= llm_finetune
 CONF ?= {}
 DEMO_ROWS ?= 4000
 PYTEST_ARGS ?=
+# Two workers, one per core; tests/conftest.py groups the tests that share fixtures and sends the
+# longest groups first. PYTEST_PARALLEL= runs everything in one process.
+PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
 
-.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench bench-dag-parse
+.PHONY: help venv browser demo run score models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench bench-dag-parse
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -93,14 +96,19 @@ stack-status: venv
 	$(PY) -m sparktune_airflow.stack status
 
 test: venv $(VENV)/.browser
-	$(PY) -m pytest -q -m "not load" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not load" $(PYTEST_ARGS)
 
 # Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~15 min).
 test-load: venv
 	$(PY) -m pytest -q -m load $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not e2e" $(PYTEST_ARGS)
+
+# The fixed cost of an llm_finetune run (all but train, evaluate, smoke_test) and of a run on an
+# unchanged source; writes $(SPARKTUNE_HOME)/bench/overhead.json. BENCH_OVERHEAD_ROWS passes through.
+bench-overhead: venv
+	$(PY) benchmarks/bench_overhead.py
 
 # Every bench at the small sizes below (each overridable: make bench BENCH_TRAIN_STEPS=40), one after
 # another; every bench exits 1 when it misses a target, and this exits 1 after all ran, naming them.

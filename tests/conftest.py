@@ -31,6 +31,103 @@ os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_HOME / 'mlflow' / 'mlf
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
+# Parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadscope --no-loadscope-reorder`). A worker
+# takes a group whole: by default a group is one module, so a module's fixtures (a DAG run's home,
+# a trained model) are built once; modules that share a session fixture share a group. Groups go
+# out in the order below, the longest first, so that no long one starts when the rest is done.
+SHARED_GROUPS = {
+    "tests/stack/": "stack",  # one native stack per session
+    "tests/operators/test_spark_faults.py": "standalone-cluster",
+    "tests/operators/test_train_backends.py": "standalone-cluster",
+    # tests/unit/tiny_model.trained keeps a trained model per process: one worker trains it once.
+    **dict.fromkeys(
+        (
+            "tests/unit/test_training.py",
+            "tests/unit/test_evaluation.py",
+            "tests/unit/test_inference.py",
+            "tests/unit/test_smoke.py",
+        ),
+        "tiny-model-trained",
+    ),
+}
+LONGEST_FIRST = (
+    "tests/e2e/test_llm_finetune_dag.py",
+    "stack",
+    "tests/e2e/test_llm_finetune_failures.py",
+    "standalone-cluster",
+    "tests/operators/test_registry_outage.py",
+    "tests/operators/test_databricks_token.py",
+    "tests/e2e/test_example_dags.py",
+    "tests/e2e/test_rollback_champion_dag.py",
+    "tests/operators/test_train_databricks.py",
+    "tiny-model-trained",
+    "tests/unit/test_training_methods.py",
+    "tests/unit/test_prepare.py",
+)
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))  # stable: a group's order kept
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadscope`` with a scope per group (above) instead of per module.
+
+    pytest-xdist's own ``--dist loadgroup`` (``xdist_group`` marks) does not group under pytest 9:
+    it renames ``item._nodeid``, which pytest 9 no longer reads. Its documented scheduler hook
+    does the same job without pytest's internals.
+    """
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_model(tmp_path_factory, worker_id) -> Path:
+    """The built-in base model (``tiny-llama``), built once per test run and shared by the workers.
+
+    Building it is about 50 s of CPU (a tokenizer and 400 pre-training steps); every home that
+    trains would otherwise build the same model again. ``install_base_model`` copies it where
+    ``resolve_base_model`` looks, as on a deployment that built it before. Building it is
+    tested in tests/unit/test_base_model.py.
+    """
+    from filelock import FileLock
+    from sparktune.base_model import ensure_base_model
+    from sparktune.config import TINY_BASE_MODEL
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # every xdist worker has a basetemp of its own under one parent
+        shared = shared.parent
+    models = shared / "shared-base-model"
+    with FileLock(str(shared / "shared-base-model.lock")):
+        return Path(ensure_base_model(TINY_BASE_MODEL, models))
+
+
+@pytest.fixture(scope="session")
+def install_base_model(tiny_base_model):
+    """A function that copies the session's built-in base model into a SPARKTUNE_HOME."""
+    import shutil
+
+    from sparktune.config import Settings
+
+    def install(home: Path) -> None:
+        shutil.copytree(tiny_base_model, Settings(home=home).tiny_base_model_dir)
+
+    return install
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for every test that needs one (a JVM start costs seconds)."""

@@ -24,7 +24,7 @@ def free_port():
     return _free_port
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone Master and one two-core Worker, started from the pyspark wheel.
 
@@ -43,7 +43,7 @@ def standalone_cluster(tmp_path_factory):
         **os.environ,
         "SPARK_HOME": spark_home(),
         "SPARK_LOG_DIR": str(logs),
-        # Daemons that live for one test module: the C1 compiler alone and the serial collector
+        # Daemons that live for a few tests: the C1 compiler alone and the serial collector
         # about halve the CPU their start-up costs (11 s -> 6 s here), on 2 cores shared with the tests.
         "SPARK_DAEMON_JAVA_OPTS": os.environ.get(
             "SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -151,3 +151,50 @@ def test_materialize_converts_small_parquet_in_process_and_fails_bad_labels_at_o
     operator.data_fingerprint, operator.label_names = "fp2", ["x"]
     with pytest.raises(AirflowFailException, match=r"labels \['y'\] are not among the declared label names"):
         operator.execute(context={})
+
+
+def test_invalid_params_fail_validate_params_at_once_listing_every_problem():
+    # Values each inside their schema bounds, wrong together. validate_params is the first task of
+    # llm_finetune (tests/dags/test_dag_integrity.py), so nothing after it runs or is submitted.
+    from sparktune_airflow import ValidateParamsOperator
+
+    conf = {"min_chars": 3000, "max_chars": 100, "prompt_template": "{label}: {text}"}
+    with pytest.raises(AirflowFailException) as error:  # a fail exception: no retries
+        ValidateParamsOperator(task_id="validate_params").execute({"params": conf})
+    assert "min_chars (3000) is above max_chars (100)" in str(error.value)
+    assert "{label} must come after {text}" in str(error.value)
+
+
+def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retried(tmp_path, monkeypatch):
+    # What the preparation job records when a column is missing (tests/unit/test_bad_inputs.py
+    # checks the job writes it), as PrepareDataOperator reads it after spark-submit exits 2.
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from sparktune_airflow.operators import _submit_and_read_summary
+
+    summary = tmp_path / "prepare_summary.json"
+    message = (
+        "Source 'tickets.jsonl' is missing column(s): label_column 'category'. Columns found: 'intent_label'."
+    )
+
+    def exits_with_a_record(operator, context):
+        summary.write_text(json.dumps({"error": message, "kind": "MissingColumnsError"}))
+        raise AirflowException("Cannot execute: spark-submit ... Error code is: 2.")
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", exits_with_a_record)
+    with pytest.raises(
+        AirflowFailException, match="prepare_data rejected its input: Source 'tickets.jsonl' is"
+    ):
+        _submit_and_read_summary(
+            SparkSubmitOperator(task_id="t", application="a"), {}, summary, "prepare_data"
+        )
+
+    def dies(operator, context):
+        summary.unlink(missing_ok=True)
+        raise AirflowException("Cannot execute: spark-submit ... Error code is: 1.")
+
+    monkeypatch.setattr(SparkSubmitOperator, "execute", dies)
+    with pytest.raises(AirflowException) as error:
+        _submit_and_read_summary(
+            SparkSubmitOperator(task_id="t", application="a"), {}, summary, "prepare_data"
+        )
+    assert not isinstance(error.value, AirflowFailException)  # a lost executor or JVM: retried

@@ -27,6 +27,7 @@ except ImportError:  # rootdir-relative import, as pytest puts this folder on sy
     from stack_client import request as _request
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
+INCOMING_ROWS = 300  # the texts batch_inference scores after the promotion
 SCHEDULER_HEALTH_THRESHOLD = 15
 PLANTED_SECRET = f"planted-{uuid.uuid4().hex}"
 
@@ -86,22 +87,8 @@ class Stack:
             time.sleep(5)
 
 
-def _reuse_the_e2e_base_model(session_tmp: Path, home: Path) -> None:
-    """Copy the built-in tiny base model that the e2e module's first run built, when it ran earlier
-    in this session: ``resolve_base_model`` then finds it as on a deployment that built it before,
-    instead of spending about 50 s of CPU building the same model again. Building it inside a DAG
-    run is what tests/e2e shows; run alone, the stack builds its own."""
-    import shutil
-
-    from sparktune.config import TINY_BASE_MODEL
-
-    built = sorted(session_tmp.glob(f"e2e-home*/models/base/{TINY_BASE_MODEL}/config.json"))
-    if built:
-        shutil.copytree(built[0].parent, home / "models" / "base" / TINY_BASE_MODEL)
-
-
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Stack:
+def stack(tmp_path_factory, install_base_model) -> Stack:
     from sparktune_airflow.stack import StackConfig, StackError, admin_password, down, up
 
     home = tmp_path_factory.mktemp("stack-home")
@@ -110,7 +97,13 @@ def stack(tmp_path_factory) -> Stack:
          str(home / "data" / "support_tickets.jsonl")],
         check=True,
     )  # fmt: skip
-    _reuse_the_e2e_base_model(tmp_path_factory.getbasetemp(), home)
+    install_base_model(home)  # the session's built-in base model (tests/conftest.py)
+    # What batch_inference scores by default when a promotion starts it (test_full_stack).
+    subprocess.run(
+        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11", "--out",
+         str(home / "data" / "incoming_tickets.jsonl")],
+        check=True,
+    )  # fmt: skip
     mlflow_port = _free_port()
     config = StackConfig(
         home=home,
@@ -261,6 +254,8 @@ def rest_run(stack) -> dict:
     from sparktune.params import TINY_MODEL_RECIPE
 
     stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
+    # Started by the champion asset event that promote_champion emits (test_full_stack checks it).
+    stack.rest("PATCH", "/dags/batch_inference", {"is_paused": False})
     run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": TINY_MODEL_RECIPE})
     fault = _kill_scheduler_during_training(stack, run["dag_run_id"])
     run = stack.wait_for_run("llm_finetune", run["dag_run_id"])

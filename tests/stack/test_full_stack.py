@@ -154,6 +154,41 @@ def test_the_spark_steps_ran_on_the_standalone_master(stack, rest_run):
     assert any("prepare_data" in name for name in apps), apps
 
 
+def test_the_promotion_starts_batch_inference_which_scores_with_the_new_champion(stack, rest_run):
+    """promote_champion's asset event -> the scheduler starts an asset-triggered batch_inference run
+    -> it scores the incoming texts with the new champion, on the standalone master."""
+    import time
+
+    import pyarrow.dataset as ds
+
+    try:
+        from tests.stack.conftest import INCOMING_ROWS
+    except ImportError:
+        from conftest import INCOMING_ROWS
+
+    assert rest_run["state"] == "success"
+    deadline, runs = time.monotonic() + 600, []
+    while time.monotonic() < deadline:
+        runs = [
+            r
+            for r in stack.rest("GET", "/dags/batch_inference/dagRuns")["dag_runs"]
+            if r["run_type"] == "asset_triggered"
+        ]
+        if runs and runs[-1]["state"] in ("success", "failed"):
+            break
+        time.sleep(5)
+    assert runs, "no asset-triggered batch_inference run after the promotion"
+    logs = stack.home.glob("stack/logs/tasks/dag_id=batch_inference/**/*.log")
+    assert runs[-1]["state"] == "success", "\n".join(p.read_text()[-3000:] for p in logs)
+    champion = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    table = ds.dataset(stack.home / "lake" / "predictions", format="parquet", partitioning="hive").to_table()
+    assert table.num_rows == INCOMING_ROWS
+    assert set(table.column("model_version").to_pylist()) == {champion["version"]}
+    master = _request("GET", f"http://{stack.config.host}:{stack.config.spark_ui_port}/json/")
+    apps = {app["name"] for app in master["completedapps"] + master["activeapps"]}
+    assert any("batch_inference" in name for name in apps), apps
+
+
 def test_extra_links_point_at_the_run_and_the_model_version_in_the_mlflow_ui(stack, rest_run):
     run_id = quote(rest_run["dag_run_id"], safe="")
 

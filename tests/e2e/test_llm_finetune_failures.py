@@ -1,0 +1,90 @@
+"""llm_finetune's failure paths, each a whole DAG run through `airflow dags test` on embedded defaults.
+
+A home of its own with a 500-row source and no champion, so that these runs go beside the happy
+path's chain (tests/e2e/test_llm_finetune_dag.py) in a parallel test run: what they prove does not
+depend on the data's size or on an earlier model. Refusals that a single operator makes
+(invalid params, a missing column) are checked at operator level (tests/operators), with the DAG's
+task order checked in tests/dags.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sparktune.params import TINY_MODEL_RECIPE
+
+try:
+    from tests.e2e.dag_runs import output_tail, run_dag
+except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from dag_runs import output_tail, run_dag
+
+pytestmark = pytest.mark.e2e
+
+ROWS = 500
+MODEL = "support-intent"
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, install_base_model) -> Path:
+    home = tmp_path_factory.mktemp("e2e-failures")
+    source = home / "data" / "support_tickets.jsonl"  # the DAG's default source
+    subprocess.run(
+        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(ROWS), "--out", str(source)], check=True
+    )
+    install_base_model(home)
+    return home
+
+
+def _client(home: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+
+
+def _versions(home: Path) -> list:
+    return _client(home).search_model_versions(f"name = '{MODEL}'")
+
+
+def test_out_of_range_param_is_refused_before_the_run_starts(home):
+    result = run_dag(home, "llm_finetune", {"lora_r": 0})
+    assert result.returncode != 0
+    assert "lora_r" in result.stdout + result.stderr
+
+
+def test_bad_data_fails_the_run_before_training(home):
+    result = run_dag(home, "llm_finetune", {**TINY_MODEL_RECIPE, "min_train_rows": 1_000_000})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "min_train_rows" in output or "1000000" in output, output_tail(result)
+    assert "validate_data" in output and "Data quality gate failed" in output, output_tail(result)
+    assert _versions(home) == []
+
+
+def test_a_bad_model_is_blocked_and_a_dry_run_says_so_but_never_reaches_champion(home):
+    from sparktune.registry import audit_log
+
+    client = _client(home)
+    # learning_rate 0: the model learns nothing and stays near chance on the labels.
+    untrained = {**TINY_MODEL_RECIPE, "learning_rate": 0.0, "max_steps": 1}
+    blocked = run_dag(home, "llm_finetune", untrained)
+    assert blocked.returncode == 0, output_tail(blocked)  # a failed gate ends the run cleanly
+    [version] = _versions(home)
+    assert version.tags["gate_decision"] == "blocked" and set(version.aliases) <= {"candidate"}
+    assert client.get_run(version.run_id).data.tags["sparktune.gate.decision"] == "blocked"
+
+    # dry_run: the failing decision is recorded and promotion to staging goes ahead, saying so;
+    # the smoke test then finds the model cannot answer with labels and champion never moves.
+    dry = run_dag(home, "llm_finetune", {**untrained, "gate_mode": "dry_run"})
+    assert dry.returncode != 0
+    assert "smoke test of models:/support-intent@staging" in dry.stdout + dry.stderr
+    staging = client.get_model_version_by_alias(MODEL, "staging")
+    assert int(staging.version) > int(version.version)
+    tags = client.get_run(staging.run_id).data.tags
+    assert tags["sparktune.gate.mode"] == "dry_run" and "min_accuracy: FAIL" in tags["sparktune.gate.reasons"]
+    last = [m for m in audit_log(client, MODEL) if m["alias"] == "staging"][-1]
+    assert last["to_version"] == str(staging.version)
+    assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
+    assert not any("champion" in v.aliases for v in _versions(home))
