@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,6 +109,51 @@ def tokenizer_fingerprint(tokenizer_path: str) -> str:
 _CHANGE_STAMPS = ("mtime", "LastModified", "last_modified", "updated", "ETag")
 
 
+@dataclass(frozen=True)
+class SourceFiles:
+    """The files a file source (a file, a folder, or a glob) holds, from its listing alone."""
+
+    uri: str  # the root, with its protocol
+    root: str
+    files: dict[str, dict[str, Any]]  # path -> fsspec info (size, mtime or ETag, ...)
+
+    @property
+    def size(self) -> int:
+        return sum(int(info.get("size") or 0) for info in self.files.values())
+
+
+def list_source_files(uri: str | None, storage_options: dict[str, Any] | None = None) -> SourceFiles | None:
+    """The files at ``uri`` (local or any fsspec URI; a folder is walked, a glob expanded), or None
+    for an empty value, a catalog table, a location that does not exist and a listing that fails:
+    what only Spark could tell."""
+    text = str(uri or "").strip()
+    if not text or ("/" not in text and "\\" not in text and "://" not in text):
+        return None  # empty, or a catalog table
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, root = url_to_fs(text, **(storage_options or {}))
+        if any(ch in root for ch in "*?["):
+            matched = fs.glob(root)
+            if not matched:
+                return None  # like a path that does not exist
+            files: dict[str, dict[str, Any]] = {}
+            for path in matched:
+                info = fs.info(path)
+                files.update(fs.find(path, detail=True) if info.get("type") == "directory" else {path: info})
+        elif fs.isdir(root):
+            files = fs.find(root, detail=True)
+        elif fs.exists(root):
+            files = {root: fs.info(root)}
+        else:
+            return None
+    except (OSError, ImportError, ValueError):
+        # No fsspec implementation for the scheme here (Spark may still read it through Hadoop),
+        # or the listing failed: the caller decides without it.
+        return None
+    return SourceFiles(uri=fs.unstrip_protocol(root), root=root, files=files)
+
+
 def source_signature(uri: str, storage_options: dict[str, Any] | None = None) -> str | None:
     """A 20-hex-digit key of the files at ``uri`` as they are listed: each file's path under ``uri``,
     size and modification time (or ETag), in order. None when it cannot be told without Spark.
@@ -119,35 +165,16 @@ def source_signature(uri: str, storage_options: dict[str, Any] | None = None) ->
     a location that does not exist or holds no file, and a store whose listing gives no
     modification time or ETag.
     """
-    text = str(uri or "").strip()
-    if not text or ("/" not in text and "\\" not in text and "://" not in text):
-        return None  # a catalog table: its version is the catalog's to tell
-    from fsspec.core import url_to_fs
-
-    try:
-        fs, root = url_to_fs(text, **(storage_options or {}))
-        if any(ch in root for ch in "*?["):
-            found = {p: fs.info(p) for p in fs.glob(root)}
-            files = {}
-            for path, info in found.items():
-                files.update(fs.find(path, detail=True) if info.get("type") == "directory" else {path: info})
-        elif fs.isdir(root):
-            files = fs.find(root, detail=True)
-        elif fs.exists(root):
-            files = {root: fs.info(root)}
-        else:
-            return None
-    except OSError:
+    listed = list_source_files(uri, storage_options)
+    if listed is None or not listed.files:
         return None
     entries = []
-    for path, info in sorted(files.items()):
+    for path, info in sorted(listed.files.items()):
         stamp = next((info[key] for key in _CHANGE_STAMPS if info.get(key)), None)
         if stamp is None:
             return None
-        entries.append([_relative(path, root), int(info.get("size") or 0), str(stamp)])
-    if not entries:
-        return None
-    payload = json.dumps({"uri": fs.unstrip_protocol(root), "files": entries}, sort_keys=True)
+        entries.append([_relative(path, listed.root), int(info.get("size") or 0), str(stamp)])
+    payload = json.dumps({"uri": listed.uri, "files": entries}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 

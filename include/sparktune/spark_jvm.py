@@ -16,7 +16,6 @@ takes these options, and executors keep theirs.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,29 +23,15 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 SHORT_JOB_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SHORT_JOB_MAX_BYTES = 256 * 1024 * 1024
 
-log = logging.getLogger(__name__)
-
 
 def input_bytes(uri: str | None, storage_options: Mapping[str, Any] | None = None) -> int | None:
-    """Total bytes of the files at ``uri`` (a file, a folder, or a glob), or None when unknown.
+    """Total bytes of the files at ``uri`` (a file, a folder, or a glob), or None when unknown: an
+    empty value, a catalog table, a location that does not exist or cannot be listed (the caller
+    then keeps the JVM's defaults)."""
+    from sparktune.fingerprint import list_source_files
 
-    None for an empty value, a catalog table name, a location that does not exist and any error
-    reading the listing: the caller then keeps the JVM's defaults.
-    """
-    text = str(uri or "").strip()
-    if not text or ("/" not in text and "\\" not in text and "://" not in text):
-        return None  # empty, or a catalog table: its size is the catalog's to tell
-    try:
-        from fsspec.core import url_to_fs
-
-        fs, path = url_to_fs(text, **dict(storage_options or {}))
-        paths = fs.glob(path) if any(ch in path for ch in "*?[") else [path]
-        if not paths or not all(fs.exists(p) for p in paths):
-            return None
-        return int(sum(fs.du(p, total=True) for p in paths))
-    except Exception as exc:  # a size only picks JVM options; never fail a job over it
-        log.debug("no size for %s (%s): JVM defaults", text, exc)
-        return None
+    listed = list_source_files(uri, dict(storage_options or {}))
+    return None if listed is None else listed.size
 
 
 def short_job_conf(conf: Mapping[str, Any] | None, size: int | None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ def test_input_bytes_is_unknown_for_a_table_a_missing_path_and_nothing(tmp_path)
     assert input_bytes(str(tmp_path / "missing.jsonl")) is None
     assert input_bytes(str(tmp_path / "nothing-*.csv")) is None
     assert input_bytes("") is None and input_bytes(None) is None
+    # A scheme fsspec has no implementation for here (Spark may read it through Hadoop).
+    assert input_bytes("nosuchscheme://bucket/tickets.jsonl") is None
 
 
 def test_short_jobs_get_the_options_and_the_users_value_always_wins():
