@@ -72,9 +72,8 @@ def _prepare_home(home: Path, rows: int) -> dict[str, str]:
         ensure_base_model(TINY_BASE_MODEL, home / "models")
     base = {k: v for k, v in os.environ.items() if k not in OWN_STATE}
     base["SPARKTUNE_HOME"] = str(home)
-    env = embedded_env(home, base=base)
-    ensure_airflow_db(env)
-    return {**base}
+    ensure_airflow_db(embedded_env(home, base=base))
+    return base
 
 
 def _run(env: dict[str, str], conf: dict[str, Any], log: Path) -> tuple[float, int]:

@@ -15,7 +15,7 @@ from sparktune_airflow import PrepareDataOperator, SparkQualityGateOperator
 SUMMARY = {"steps": [], "data_fingerprint": "f" * 20, "prepared_uri": "/lake/prepared/f"}
 
 
-def _context(tmp_path, source):
+def _context(source):
     ti = SimpleNamespace(dag_id="d", run_id="manual__1", task_id="t", try_number=1)
     return {"params": {"source_uri": str(source)}, "ti": ti}
 
@@ -41,7 +41,7 @@ def home(tmp_path, monkeypatch):
 def test_prepare_on_a_small_file_gets_the_short_job_options(home, submitted):
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, source))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(source))
     assert submitted[0][DRIVER_JAVA_OPTIONS] == SHORT_JOB_JAVA_OPTIONS
     assert submitted[0]["spark.log.level"] == "WARN"
 
@@ -50,8 +50,8 @@ def test_prepare_on_a_large_input_or_a_table_keeps_the_jvm_defaults(home, submit
     monkeypatch.setattr("sparktune.spark_jvm.SHORT_JOB_MAX_BYTES", 10)
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, source))
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(home, "sales.tickets"))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(source))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context("sales.tickets"))
     assert all(DRIVER_JAVA_OPTIONS not in conf for conf in submitted)
 
 
@@ -59,7 +59,7 @@ def test_the_users_java_options_win(home, submitted):
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     mine = {DRIVER_JAVA_OPTIONS: "-Xss4m"}
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t", conf=mine).execute(_context(home, source))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", conf=mine).execute(_context(source))
     assert submitted[0][DRIVER_JAVA_OPTIONS] == "-Xss4m"
 
 
@@ -70,11 +70,11 @@ def test_the_quality_gate_session_gets_them_unless_the_connection_sets_them(home
     monkeypatch.setattr(PySparkOperator, "execute", lambda op, context: seen.append(dict(op.config_kwargs)))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
     gate = SparkQualityGateOperator(task_id="validate_data", source_uri=str(source))
-    gate.execute(_context(home, source))
+    gate.execute(_context(source))
     assert seen[-1] == {DRIVER_JAVA_OPTIONS: SHORT_JOB_JAVA_OPTIONS}
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
         '{"conn_type": "spark", "host": "local[2]", "extra": {"spark.driver.extraJavaOptions": "-Xss4m"}}',
     )
-    SparkQualityGateOperator(task_id="validate_data", source_uri=str(source)).execute(_context(home, source))
+    SparkQualityGateOperator(task_id="validate_data", source_uri=str(source)).execute(_context(source))
     assert seen[-1] == {}
