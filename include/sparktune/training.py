@@ -234,19 +234,31 @@ def _close_abandoned_runs(client: Any, runs: list[Any], train_key: str) -> None:
 
 
 def last_checkpoint(output_dir: Path) -> tuple[Path, int] | None:
-    """The newest complete checkpoint under ``output_dir/checkpoints`` and its global step."""
-    from transformers.trainer_utils import get_last_checkpoint
+    """The newest complete checkpoint under ``output_dir/checkpoints`` and its global step.
 
+    transformers' ``get_last_checkpoint`` returns the highest-numbered folder, even one a crash cut
+    mid-save. The Trainer writes ``trainer_state.json`` after the weights, optimizer and scheduler,
+    so a checkpoint whose state parses is whole; a newer one whose state does not is passed over.
+    """
     folder = output_dir / CHECKPOINTS
     if not folder.is_dir():
         return None
-    found = get_last_checkpoint(str(folder))
-    if found is None:
-        return None
-    state = Path(found) / "trainer_state.json"
-    if not state.exists():  # a save the crash interrupted
-        return None
-    return Path(found), int(json.loads(state.read_text())["global_step"])
+    for path in _numbered_checkpoints(folder):
+        try:
+            return path, int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+        except (OSError, ValueError, KeyError):
+            logger.warning("%s is incomplete (a crash cut its save); looking at the one before.", path)
+    return None
+
+
+def _numbered_checkpoints(folder: Path) -> list[Path]:
+    """``checkpoint-<step>`` folders, newest step first."""
+    steps = {}
+    for path in folder.iterdir():
+        step = path.name.removeprefix("checkpoint-")
+        if path.is_dir() and path.name.startswith("checkpoint-") and step.isdigit():
+            steps[int(step)] = path
+    return [steps[step] for step in sorted(steps, reverse=True)]
 
 
 def code_fingerprint(package: Path | None = None) -> str:

@@ -11,6 +11,7 @@ fingerprint and counts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +32,7 @@ except ImportError:  # tests/ is not a package
 
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 # Generated tickets, with every defect the recipe filters (duplicates, stubs, low quality, ...).
-ROWS = 4_000  # the token-counting stage after the shuffle lasts a few seconds even loaded
+ROWS = 4_000  # enough for several tasks after the dedupe shuffle
 # JVMs that live for one short job: the C1 compiler alone and the serial collector cut the CPU
 # the driver and the executors burn at start-up by about a third on this 2-core machine.
 SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -111,59 +112,53 @@ def _kill_the_executor_mid_job(cluster: dict, ui_port: int, done: threading.Even
     """SIGKILL the job's executor while it runs tasks of a stage that reads shuffle output.
 
     The map output of that shuffle lies on the executor (no external shuffle service), so its
-    loss makes Spark re-run the map stage too. The first such stage counts tokens in Python
-    workers that start for it: it lasts a second or more even on an idle machine, and the driver's
-    REST API is polled every 50 ms. A task seen running in a poll can still finish before a signal
-    lands, so the executor is frozen first (SIGSTOP: from then on none of its tasks can end), the
-    driver is asked which tasks it holds, and only then is it killed; if it holds none it is let go
-    (SIGCONT) and the next poll tries again. Returns the application, the executor, the stage and
-    the tasks (stage id, partition) that were running on the executor when it was killed.
+    loss makes Spark re-run the map stage too. Polling a running job for that moment races it: on
+    a loaded machine the stages after the shuffle can end between two polls. So once the executor
+    is up the test steps it: it runs for a short slice, is frozen (SIGSTOP: none of its tasks can
+    end), and the driver is asked, while nothing moves, whether a shuffle was written and which
+    tasks the executor holds. Before the kill the executor stays frozen a second longer, so task
+    ends it sent just before it froze reach the driver, and the driver is asked again. Returns the
+    application, the executor, the stage and the tasks (stage id, partition) the executor held.
     """
     api = f"http://127.0.0.1:{ui_port}/api/v1/applications"
     deadline = time.monotonic() + 300
-    app_id, seen, pids, shuffled = None, "the driver's UI never answered", {}, False
-    # Each poll must stay short on a loaded machine (the window is a few seconds): the /proc scan
-    # runs until the executor is found, the completed stages are read until a shuffle is seen.
-    while not done.is_set() and time.monotonic() < deadline:
+    app_id, seen, pid, shuffled = None, "the driver's UI never answered", None, False
+    while pid is None and not done.is_set() and time.monotonic() < deadline:
         try:
             if app_id is None:
                 ours = {app["id"] for app in _get(f"{cluster['ui']}/json/")["activeapps"]}
                 app_id = next((app["id"] for app in _get(api) if app["id"] in ours), None)
-                continue
-            if not pids:
+            else:
                 pids = _executor_pids(cluster, app_id)
-                seen = "no executor yet"
-                continue
-            seen = "no shuffle output yet"
+                seen = f"executors: {pids}"
+                if len(pids) == 1:
+                    [(executor_id, pid)] = pids.items()
+        except (OSError, ValueError, KeyError):
+            pass  # the driver's UI is not up yet
+        time.sleep(0.05)
+    while pid is not None and not done.is_set() and time.monotonic() < deadline:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            break  # the executor is gone: the job ended
+        try:
             shuffled = shuffled or any(
                 s["shuffleWriteBytes"] > 0 for s in _get(f"{api}/{app_id}/stages?status=complete")
             )
-            if shuffled:
-                running = [
-                    s
-                    for s in _get(f"{api}/{app_id}/stages?status=active")
-                    if s["numActiveTasks"] and s["numCompleteTasks"] < s["numTasks"]
-                ]
-                seen = f"stages running after the shuffle: {len(running)}; executors: {pids}"
-                if running and len(pids) == 1:
-                    [(executor_id, pid)] = pids.items()
-                    os.kill(pid, signal.SIGSTOP)
-                    try:
-                        time.sleep(1.0)  # task ends the executor sent before it froze reach the driver
-                        held = _running_tasks(api, app_id, executor_id)
-                    except BaseException:
-                        os.kill(pid, signal.SIGCONT)
-                        raise
-                    if not held:
-                        os.kill(pid, signal.SIGCONT)
-                        seen = f"executor {executor_id} froze between two tasks"
-                        continue
+            seen = "no shuffle output yet"
+            if shuffled and _running_tasks(api, app_id, executor_id):
+                time.sleep(1.0)
+                held = _running_tasks(api, app_id, executor_id)
+                if held:
                     os.kill(pid, signal.SIGKILL)
-                    stage = {k: running[0][k] for k in ("stageId", "name", "numTasks", "numActiveTasks")}
-                    return {"app_id": app_id, "executor_id": executor_id, "stage": stage, "held": held}
+                    return {"app_id": app_id, "executor_id": executor_id, "held": held}
+            seen = "shuffle output written, and at no step was a task running on the executor"
         except (OSError, ValueError, KeyError):
-            pass  # the driver's UI is not up yet, or went down with the job
-        time.sleep(0.05)
+            pass  # the driver answered slowly; the next step asks again
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # the killed one may be reaped already
+                os.kill(pid, signal.SIGCONT)
+        time.sleep(0.3)
     raise AssertionError(f"the executor of {app_id} was not killed mid-job; last seen: {seen}")
 
 
@@ -222,7 +217,7 @@ def _check_the_loss(log: list[dict], kill: dict) -> str:
     )
     reason = next(iter(lost.values()))["Task End Reason"].get("Loss Reason")
     return (
-        f"killed executor {kill['executor_id']} in {kill['stage']} holding {kill['held']}; "
+        f"killed executor {kill['executor_id']} holding tasks (stage, partition) {kill['held']}; "
         f"{len(lost)} tasks lost ({reason}), each succeeded again on executor {added[1]} "
         f"(stage attempts {sorted({e['Stage Attempt ID'] for e in rerun.values()})})"
     )

@@ -118,6 +118,20 @@ def _wait_for_checkpoint(folder: Path, min_step: int, proc: subprocess.Popen, ti
     raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout} s")
 
 
+def test_a_checkpoint_whose_save_a_crash_cut_is_passed_over(tmp_path, caplog):
+    from sparktune.training import CHECKPOINTS, last_checkpoint
+
+    folder = tmp_path / CHECKPOINTS
+    for step, state in ((10, '{"global_step": 10}'), (20, '{"global_step": 20}'), (30, "")):
+        (folder / f"checkpoint-{step}").mkdir(parents=True)
+        (folder / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (folder / "checkpoint-40").mkdir()  # killed before it wrote its state at all
+    (folder / "checkpoint-last").mkdir()  # not the Trainer's
+    assert last_checkpoint(tmp_path) == (folder / "checkpoint-20", 20)
+    assert "checkpoint-40 is incomplete" in caplog.text and "checkpoint-30 is incomplete" in caplog.text
+    assert last_checkpoint(tmp_path / "nothing") is None
+
+
 def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(root, tmp_path):
     from mlflow import MlflowClient
     from sparktune.training import RESUMED_FROM_TAG, train
@@ -142,8 +156,12 @@ def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(ro
     experiment = client.get_experiment_by_name(request.experiment_name)
     [crashed] = client.search_runs([experiment.experiment_id], "tags.`sparktune.train_key` = 'tiny-crash'")
     assert crashed.info.status == "RUNNING"
-    states = sorted(Path(request.output_dir).glob("checkpoints/checkpoint-*/trainer_state.json"))
-    resumed_from = max(json.loads(s.read_text())["global_step"] for s in states)
+    # The kill may cut a save: the resume starts from the newest checkpoint whose state was written.
+    resumed_from = max(
+        json.loads(text)["global_step"]
+        for state in Path(request.output_dir).glob("checkpoints/checkpoint-*/trainer_state.json")
+        if (text := state.read_text()).strip()
+    )
 
     result = train(request)
 
