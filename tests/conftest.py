@@ -27,6 +27,18 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # variable); tests/e2e strips it so DAG runs use their SPARKTUNE_HOME's embedded store.
 (_SESSION_HOME / "mlflow").mkdir()
 os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_SESSION_HOME / 'mlflow' / 'mlflow.db'}"
+# Under xdist each worker gets its share of the cores for torch and every process it starts (DAG
+# runs' training, evaluation, Spark's Python workers). Left at torch's default (all cores) two
+# trainings on two cores spin on each other's threads: a step of the tiny model went from 0.09 s to
+# 2-7 s, and the e2e chain's training from 9 s to 49 s.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+# Airflow's first import puts $AIRFLOW_HOME/config and /plugins on sys.path, once per process: done
+# here, so that the leak guard below does not charge it to whichever test imports Airflow first.
+import airflow  # noqa: E402, F401
+
 # py4j logs "Closing down clientserver connection" from __del__ at exit, after pytest closed the streams.
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
