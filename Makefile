@@ -22,7 +22,7 @@ help:
 	@echo "make score           score new texts with the champion (batch_inference DAG), Parquet by date"
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
-	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs"
+	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs and fault tests (-m 'not e2e and not slow')"
 	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench           every bench below at small sizes, one after another (~10 min); fails if any target is missed"
@@ -103,7 +103,7 @@ test-load: venv
 	$(PY) -m pytest -q -m load $(PYTEST_ARGS)
 
 test-fast: venv
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not e2e" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not e2e and not slow" $(PYTEST_ARGS)
 
 # The fixed cost of an llm_finetune run (all but train, evaluate, smoke_test) and of a run on an
 # unchanged source; writes $(SPARKTUNE_HOME)/bench/overhead.json. BENCH_OVERHEAD_ROWS passes through.

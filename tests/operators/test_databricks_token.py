@@ -37,7 +37,7 @@ except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.
     from operators.test_train_databricks import FAST
     from unit import tiny_model
 
-pytestmark = pytest.mark.databricks
+pytestmark = [pytest.mark.databricks, pytest.mark.slow]
 
 TOKEN = "dapi-PLANTED-4f9c2e7a1b-secret"
 DAG_ID = "databricks_token_probe"

@@ -66,6 +66,8 @@ try:
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     import leak_guard
 
+pytestmark = pytest.mark.slow
+
 MODEL = "outage-intent"
 METRICS = {"eval_accuracy": 0.95, "eval_loss": 0.1, "eval_macro_f1": 0.95}
 

@@ -30,6 +30,8 @@ except ImportError:  # tests/ is not a package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
     import tiny_model
 
+pytestmark = pytest.mark.slow
+
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 # Generated tickets, with every defect the recipe filters (duplicates, stubs, low quality, ...).
 ROWS = 4_000  # enough for several tasks after the dedupe shuffle

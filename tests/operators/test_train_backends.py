@@ -24,6 +24,8 @@ except ImportError:  # tests/ is not a package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
     import tiny_model
 
+pytestmark = pytest.mark.slow
+
 
 @dataclass
 class FakeTaskInstance:

@@ -33,7 +33,7 @@ except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.
     from fakes.databricks_jobs_api import FakeJobsApi
     from unit import tiny_model
 
-pytestmark = pytest.mark.databricks
+pytestmark = [pytest.mark.databricks, pytest.mark.slow]
 
 WHEEL = "/Volumes/main/ml/wheels/sparktune-0.1.0-py3-none-any.whl"
 # A few LoRA steps on the tiny model: the run costs its imports and the MLflow model check.
