@@ -928,7 +928,7 @@ def _training_splits(request: TrainRequest, params: PipelineParams) -> tuple[Any
         from sparktune.streaming import open_streaming_splits
 
         try:
-            return open_streaming_splits(request.dataset_path, list(columns), params.seed)
+            return open_streaming_splits(request.dataset_path, list(columns))
         except FileNotFoundError as err:
             raise TrainingInputError(str(err)) from err
     dataset = _load_dataset(request.dataset_path, columns)
@@ -1026,6 +1026,10 @@ def _train_in_run(
             peft_config=_lora_config(params) if params.peft_method in ("lora", "qlora") else None,
             callbacks=[step_logger],
         )
+    if streaming:
+        from sparktune.streaming import shuffle_stream
+
+        trainer.train_dataset = shuffle_stream(trainer.train_dataset, params.seed)
     # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
     trainer.remove_callback(PrinterCallback)
     trainable, total = _count_params(trainer.model)

@@ -231,6 +231,23 @@ def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
     assert params["n_validation"] == "48"
 
 
+def test_the_train_stream_opens_in_file_order_and_is_shuffled_by_seed(tmp_path, monkeypatch):
+    import datasets
+    from sparktune.streaming import open_streaming_splits, shuffle_stream
+
+    # Each pass over a shuffled stream ends with a 5-s pause (see shuffle_stream); not needed here.
+    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
+
+    prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared", n_train=64, n_eval=8)
+    stream, _, rows = open_streaming_splits(str(prepared), ["prompt", "completion"])
+    in_files = [r["prompt"] for r in stream]
+    assert rows == len(in_files) == 64
+    # What training iterates over: a permutation of the rows, the same for the same seed.
+    shuffled = [r["prompt"] for r in shuffle_stream(stream, 42)]
+    assert shuffled != in_files and sorted(shuffled) == sorted(in_files)
+    assert [r["prompt"] for r in shuffle_stream(stream, 42)] == shuffled
+
+
 def test_the_adapter_is_a_pyfunc_model_that_serves_over_its_base(root, lora_run, full_run, client):
     import mlflow
 
