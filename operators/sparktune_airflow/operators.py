@@ -27,6 +27,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
 from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
+from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
 from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, input_bytes, short_job_conf
 
 from sparktune_airflow import training_process
@@ -290,7 +291,11 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "--summary-path",
             str(summary_path),
         ]
-        summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
+        summary = self._reused(params, source_uri, summary_path)
+        if summary is None:
+            summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
+            if self._inputs_key:
+                record_prepared(self.lake_uri or settings().lake_uri, self._inputs_key, summary)
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -301,6 +306,27 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             )
         self.log.info("data fingerprint %s -> %s", summary["data_fingerprint"], summary["prepared_uri"])
         return self._keep(summary)
+
+    def _reused(self, params: PipelineParams, source_uri: str, summary_path: Path) -> dict[str, Any] | None:
+        """The summary of the prepared data the lake holds for these very inputs, if it does
+        (sparktune.prepare_reuse); written where the job would have written it."""
+        from dataclasses import replace
+
+        source_format = self.source_format or params.source_format
+        effective = replace(params, source_uri=source_uri, source_format=source_format)
+        self._inputs_key = inputs_key(source_uri, effective, self.tokenizer)
+        found = self._inputs_key and find_prepared(self.lake_uri or settings().lake_uri, self._inputs_key)
+        if not found:
+            return None
+        summary = {**found, "reused": True, "tokenizer": self.tokenizer}
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=2))
+        self.log.info(
+            "The lake holds this run's prepared data already (same source files, preparation params, "
+            "tokenizer and code as the run that published %s): no Spark job.",
+            found["data_fingerprint"],
+        )
+        return summary
 
     def _lineage(self):
         """The source -> the prepared train/validation/test splits, versioned by the fingerprint."""

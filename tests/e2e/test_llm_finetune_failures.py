@@ -79,6 +79,10 @@ def test_a_bad_model_is_blocked_and_a_dry_run_says_so_but_never_reaches_champion
     # the smoke test then finds the model cannot answer with labels and champion never moves.
     dry = run_dag(home, "llm_finetune", {**untrained, "gate_mode": "dry_run"})
     assert dry.returncode != 0
+    # The run before prepared these files with these preparation params (a gate mode changes
+    # nothing there): prepare_data takes its output and starts no Spark job.
+    assert "no Spark job" in dry.stdout + dry.stderr, output_tail(dry)
+    assert "Spark-Submit cmd" not in dry.stdout + dry.stderr
     assert "smoke test of models:/support-intent@staging" in dry.stdout + dry.stderr
     staging = client.get_model_version_by_alias(MODEL, "staging")
     assert int(staging.version) > int(version.version)

@@ -1,0 +1,90 @@
+"""``prepare_data`` without Spark when the lake already holds its output for the very same inputs.
+
+A run that changes only training params (another learning rate on the same data), a retried run
+or a rerun on untouched files would prepare the same rows again: the same source files, the same
+preparation params, tokenizer and code give the same prepared data. After a job publishes, its
+summary is recorded under a key of those inputs (:func:`inputs_key`); a later run with the same
+key, whose prepared and quarantine folders are still complete, takes that summary and starts no
+Spark job (:func:`find_prepared`).
+
+The files are known by their listing (``sparktune.fingerprint.source_signature``: each file's
+path, size and modification time or ETag), so a source rewritten in place, even with the same
+bytes, gets a new key and is prepared again. A catalog table, or a store whose listing gives no
+modification time, has no signature: its runs always submit the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from sparktune.params import PipelineParams
+
+log = logging.getLogger("sparktune.prepare_reuse")
+
+INDEX_FOLDER = "prepare_index"  # under the lake: one small JSON summary per inputs key
+
+
+def inputs_key(source_uri: str, params: PipelineParams, tokenizer_path: str) -> str | None:
+    """A 24-hex-digit key of what decides the prepared rows, or None when the source has no
+    listing to sign (a catalog table, a store without modification times)."""
+    from sparktune.fingerprint import (
+        RECIPE_VERSION,
+        preparation_params,
+        source_signature,
+        tokenizer_fingerprint,
+    )
+    from sparktune.training import code_fingerprint
+
+    signature = source_signature(source_uri)
+    if signature is None:
+        return None
+    payload = {
+        "recipe": RECIPE_VERSION,
+        "source": signature,
+        "params": preparation_params(params),
+        "tokenizer": tokenizer_fingerprint(tokenizer_path),
+        "code": code_fingerprint(),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _index_path(lake_uri: str, key: str) -> str:
+    return f"{lake_uri.rstrip('/')}/{INDEX_FOLDER}/{key}.json"
+
+
+def record_prepared(lake_uri: str, key: str, summary: dict[str, Any]) -> None:
+    """Record a published job's summary under ``key``. A lake the worker cannot write to only costs
+    the next run its shortcut, so a failure is logged, not raised."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(_index_path(lake_uri, key))
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        with fs.open(path, "w") as handle:
+            handle.write(json.dumps(summary, sort_keys=True, default=str))
+    except (OSError, ValueError, ImportError) as exc:
+        log.warning("Could not record prepared data under %s (%s): the next run prepares again.", key, exc)
+
+
+def find_prepared(lake_uri: str, key: str) -> dict[str, Any] | None:
+    """The summary recorded under ``key`` when its prepared and quarantine folders are still
+    complete (their ``_SUCCESS`` marker), else None."""
+    from fsspec.core import url_to_fs
+
+    try:
+        fs, path = url_to_fs(_index_path(lake_uri, key))
+        if not fs.exists(path):
+            return None
+        with fs.open(path, "r") as handle:
+            summary = json.loads(handle.read())
+        for folder in (summary["prepared_uri"], summary["quarantine_uri"]):
+            folder_fs, folder_path = url_to_fs(folder)
+            if not folder_fs.exists(f"{folder_path.rstrip('/')}/_SUCCESS"):
+                log.info("%s was recorded for these inputs but is gone or incomplete.", folder)
+                return None
+    except (OSError, ValueError, KeyError, ImportError):
+        return None  # an unreadable record is no record: the job runs and records again
+    return summary

@@ -1,0 +1,76 @@
+"""PrepareDataOperator starts no Spark job when the lake holds its output for the same inputs.
+
+spark-submit is replaced by a recorder that publishes what a job would (the summary, the two
+folders with their _SUCCESS); the e2e failure paths (tests/e2e/test_llm_finetune_failures.py) show
+the shortcut on real jobs.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import sparktune_airflow.operators as operators
+from sparktune_airflow import PrepareDataOperator
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPARKTUNE_LAKE_URI", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def submits(home, monkeypatch):
+    calls: list[str] = []
+
+    def publish(operator, context, summary_path, job):
+        fingerprint = f"f{len(calls)}"
+        calls.append(fingerprint)
+        folders = {}
+        for kind in ("prepared", "quarantine"):
+            folder = home / "home" / "lake" / kind / fingerprint
+            folder.mkdir(parents=True)
+            (folder / "_SUCCESS").write_text("")
+            folders[f"{kind}_uri"] = str(folder)
+        return {"steps": [], "data_fingerprint": fingerprint, "reused": False, "tokenizer": "t", **folders}
+
+    monkeypatch.setattr(operators, "_submit_and_read_summary", publish)
+    return calls
+
+
+def _run(source, tokenizer, try_number=1, **params):
+    ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
+                         try_number=try_number)  # fmt: skip
+    operator = PrepareDataOperator(task_id="prepare_data", tokenizer=str(tokenizer))
+    return operator.execute({"params": {"source_uri": str(source), **params}, "ti": ti})
+
+
+def test_a_run_on_the_same_inputs_takes_the_published_output_without_spark(home, submits, capsys):
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    tokenizer = home / "tok"
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+
+    first = _run(source, tokenizer)
+    assert submits == ["f0"] and first["reused"] is False
+    # Another learning rate on the same data: the same prepared rows, no Spark job.
+    again = _run(source, tokenizer, try_number=2, learning_rate=1e-5)
+    assert submits == ["f0"]
+    assert again["data_fingerprint"] == "f0" and again["prepared_uri"] == first["prepared_uri"]
+    assert again["reused"] is True and again["tokenizer"] == str(tokenizer)
+    assert "no Spark job" in capsys.readouterr().out
+    # A changed preparation param, or the same file rewritten, goes to Spark again.
+    _run(source, tokenizer, try_number=3, min_chars=3)
+    assert submits == ["f0", "f1"]
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    _run(source, tokenizer, try_number=4)
+    assert submits == ["f0", "f1", "f2"]
+    # Published data that is gone is prepared again.
+    (home / "home" / "lake" / "prepared" / "f2" / "_SUCCESS").unlink()
+    _run(source, tokenizer, try_number=5)
+    assert submits == ["f0", "f1", "f2", "f3"]

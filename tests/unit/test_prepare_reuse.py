@@ -1,0 +1,55 @@
+"""The key under which prepare_data's output is found again without Spark (sparktune.prepare_reuse)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from sparktune.params import parse_params
+from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
+
+
+def _tokenizer(folder):
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"model": "a"}')
+    return str(folder)
+
+
+def test_the_key_follows_the_files_the_preparation_params_and_the_tokenizer(tmp_path):
+    source = tmp_path / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    tokenizer = _tokenizer(tmp_path / "tok")
+    params = parse_params({"source_uri": str(source)})
+    key = inputs_key(str(source), params, tokenizer)
+    assert key and key == inputs_key(str(source), params, tokenizer)
+    # Training params do not change the prepared rows.
+    assert inputs_key(str(source), replace(params, learning_rate=1e-5, lora_r=4), tokenizer) == key
+    assert inputs_key(str(source), replace(params, min_chars=3), tokenizer) != key
+    assert inputs_key(str(source), replace(params, source_format="json"), tokenizer) != key
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "b"}')
+    assert inputs_key(str(source), params, tokenizer) != key
+    (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "a"}')
+    stat = source.stat()
+    os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # rewritten in place
+    assert inputs_key(str(source), params, tokenizer) != key
+    # A catalog table has no listing to sign: always prepared by Spark.
+    assert inputs_key("sales.tickets", replace(params, source_uri="sales.tickets"), tokenizer) is None
+
+
+def test_a_recorded_summary_is_found_while_its_folders_are_complete(tmp_path):
+    lake = str(tmp_path / "lake")
+    prepared, quarantine = tmp_path / "lake" / "prepared" / "f1", tmp_path / "lake" / "quarantine" / "f1"
+    summary = {"data_fingerprint": "f1", "prepared_uri": str(prepared), "quarantine_uri": str(quarantine)}
+    assert find_prepared(lake, "k") is None
+    record_prepared(lake, "k", summary)
+    assert find_prepared(lake, "k") is None  # the folders are not there
+    for folder in (prepared, quarantine):
+        folder.mkdir(parents=True)
+        (folder / "_SUCCESS").write_text("")
+    assert find_prepared(lake, "k") == summary
+    assert find_prepared(lake, "other") is None
+    (prepared / "_SUCCESS").unlink()  # a crashed rewrite, or a clean-up of the lake
+    assert find_prepared(lake, "k") is None
+    (prepared / "_SUCCESS").write_text("")
+    (tmp_path / "lake" / "prepare_index" / "k.json").write_text("{not json")
+    assert find_prepared(lake, "k") is None
