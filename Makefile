@@ -106,7 +106,8 @@ test-fast: venv
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not e2e and not slow" $(PYTEST_ARGS)
 
 # The fixed cost of an llm_finetune run (all but train, evaluate, smoke_test) and of a run on an
-# unchanged source; writes $(SPARKTUNE_HOME)/bench/overhead.json. BENCH_OVERHEAD_ROWS passes through.
+# unchanged source, and of one with another learning rate on the same files (BENCH_OVERHEAD_RETUNE=0:
+# not that one); writes $(SPARKTUNE_HOME)/bench/overhead.json. BENCH_OVERHEAD_ROWS passes through.
 bench-overhead: venv
 	$(PY) benchmarks/bench_overhead.py
 
@@ -119,7 +120,7 @@ bench: venv
 		BENCH_SIZES_GB=$${BENCH_SIZES_GB:-0.05} \
 		BENCH_MATERIALIZE_METHODS=$${BENCH_MATERIALIZE_METHODS:-project,from_spark,parquet_roundtrip} \
 		BENCH_TRAIN_STEPS=$${BENCH_TRAIN_STEPS:-12} BENCH_INFERENCE_ROWS=$${BENCH_INFERENCE_ROWS:-1000} \
-		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000}; \
+		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000} BENCH_OVERHEAD_RETUNE=$${BENCH_OVERHEAD_RETUNE:-0}; \
 	start=$$(date +%s); failed=""; summary=""; \
 	for bench in $(BENCHES); do \
 		echo "=== make $$bench"; began=$$(date +%s); \
