@@ -120,7 +120,7 @@ bench: venv
 		BENCH_SIZES_GB=$${BENCH_SIZES_GB:-0.05} \
 		BENCH_MATERIALIZE_METHODS=$${BENCH_MATERIALIZE_METHODS:-project,from_spark,parquet_roundtrip} \
 		BENCH_TRAIN_STEPS=$${BENCH_TRAIN_STEPS:-12} BENCH_INFERENCE_ROWS=$${BENCH_INFERENCE_ROWS:-1000} \
-		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000} BENCH_OVERHEAD_RETUNE=$${BENCH_OVERHEAD_RETUNE:-0}; \
+		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000}; \
 	start=$$(date +%s); failed=""; summary=""; \
 	for bench in $(BENCHES); do \
 		echo "=== make $$bench"; began=$$(date +%s); \

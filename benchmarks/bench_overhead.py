@@ -17,7 +17,7 @@ through the embedded runner, as ``make run`` runs it (``airflow dags test``, Spa
 3. **new training params**: the same files with another learning rate, as when a user tunes a
    recipe: it trains again, and ``prepare_data`` takes the prepared data the first run published
    without a Spark job (``sparktune.prepare_reuse``). Its fixed cost is reported; no target.
-   ``BENCH_OVERHEAD_RETUNE=0`` leaves this run out (``make bench`` does, to stay within 10 minutes).
+   ``BENCH_OVERHEAD_RETUNE=0`` leaves this run out.
 
 The targets are the issue's, in seconds on this 2-core machine: at most 25 s of fixed cost for a
 new data version, at most 15 s for a run that has nothing to do (about 7 s of it is
