@@ -165,7 +165,11 @@ def source_signature(uri: str, storage_options: dict[str, Any] | None = None) ->
     a location that does not exist or holds no file, and a store whose listing gives no
     modification time or ETag.
     """
-    listed = list_source_files(uri, storage_options)
+    return files_signature(list_source_files(uri, storage_options))
+
+
+def files_signature(listed: SourceFiles | None) -> str | None:
+    """:func:`source_signature` of a listing already made (None: nothing to sign)."""
     if listed is None or not listed.files:
         return None
     entries = []

@@ -27,23 +27,18 @@ log = logging.getLogger("sparktune.prepare_reuse")
 INDEX_FOLDER = "prepare_index"  # under the lake: one small JSON summary per inputs key
 
 
-def inputs_key(source_uri: str, params: PipelineParams, tokenizer_path: str) -> str | None:
+def inputs_key(source_signature: str | None, params: PipelineParams, tokenizer_path: str) -> str | None:
     """A 24-hex-digit key of what decides the prepared rows, or None when the source has no
-    listing to sign (a catalog table, a store without modification times)."""
-    from sparktune.fingerprint import (
-        RECIPE_VERSION,
-        preparation_params,
-        source_signature,
-        tokenizer_fingerprint,
-    )
+    signature (``sparktune.fingerprint.source_signature``: a catalog table, a store without
+    modification times)."""
+    from sparktune.fingerprint import RECIPE_VERSION, preparation_params, tokenizer_fingerprint
     from sparktune.training import code_fingerprint
 
-    signature = source_signature(source_uri)
-    if signature is None:
+    if source_signature is None:
         return None
     payload = {
         "recipe": RECIPE_VERSION,
-        "source": signature,
+        "source": source_signature,
         "params": preparation_params(params),
         "tokenizer": tokenizer_fingerprint(tokenizer_path),
         "code": code_fingerprint(),

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
+from sparktune.fingerprint import files_signature, list_source_files
 from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
 from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
 from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, input_bytes, short_job_conf
@@ -274,7 +276,9 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         except DataPreparationError as exc:
             raise AirflowFailException(str(exc)) from exc
         check_allowed_location("source_uri", source_uri, self.source_format or params.source_format)
-        self.conf = short_job_conf(self.conf, input_bytes(source_uri))
+        # One listing of the source: its size picks the JVM options, its signature keys the reuse.
+        listed = list_source_files(source_uri)
+        self.conf = short_job_conf(self.conf, None if listed is None else listed.size)
         self.application = self.application or job_path("prepare_data")
         summary_path = _run_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
@@ -291,11 +295,15 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "--summary-path",
             str(summary_path),
         ]
-        summary = self._reused(params, source_uri, summary_path)
+        lake_uri = self.lake_uri or settings().lake_uri
+        source_format = self.source_format or params.source_format
+        effective = replace(params, source_uri=source_uri, source_format=source_format)
+        key = inputs_key(files_signature(listed), effective, self.tokenizer)
+        summary = self._reused(lake_uri, key)
         if summary is None:
             summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
-            if self._inputs_key:
-                record_prepared(self.lake_uri or settings().lake_uri, self._inputs_key, summary)
+            if key:
+                record_prepared(lake_uri, key, summary)
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -307,26 +315,18 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self.log.info("data fingerprint %s -> %s", summary["data_fingerprint"], summary["prepared_uri"])
         return self._keep(summary)
 
-    def _reused(self, params: PipelineParams, source_uri: str, summary_path: Path) -> dict[str, Any] | None:
+    def _reused(self, lake_uri: str, key: str | None) -> dict[str, Any] | None:
         """The summary of the prepared data the lake holds for these very inputs, if it does
-        (sparktune.prepare_reuse); written where the job would have written it."""
-        from dataclasses import replace
-
-        source_format = self.source_format or params.source_format
-        effective = replace(params, source_uri=source_uri, source_format=source_format)
-        self._inputs_key = inputs_key(source_uri, effective, self.tokenizer)
-        found = self._inputs_key and find_prepared(self.lake_uri or settings().lake_uri, self._inputs_key)
-        if not found:
+        (sparktune.prepare_reuse)."""
+        found = find_prepared(lake_uri, key) if key else None
+        if found is None:
             return None
-        summary = {**found, "reused": True, "tokenizer": self.tokenizer}
-        summary_path.parent.mkdir(parents=True, exist_ok=True)
-        summary_path.write_text(json.dumps(summary, indent=2))
         self.log.info(
             "The lake holds this run's prepared data already (same source files, preparation params, "
             "tokenizer and code as the run that published %s): no Spark job.",
             found["data_fingerprint"],
         )
-        return summary
+        return {**found, "reused": True, "tokenizer": self.tokenizer}
 
     def _lineage(self):
         """The source -> the prepared train/validation/test splits, versioned by the fingerprint."""

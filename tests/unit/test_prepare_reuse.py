@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from sparktune.fingerprint import source_signature
 from sparktune.params import parse_params
 from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
 
@@ -20,20 +21,25 @@ def test_the_key_follows_the_files_the_preparation_params_and_the_tokenizer(tmp_
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     tokenizer = _tokenizer(tmp_path / "tok")
     params = parse_params({"source_uri": str(source)})
-    key = inputs_key(str(source), params, tokenizer)
-    assert key and key == inputs_key(str(source), params, tokenizer)
+
+    def key_of(prepared_with):  # the source listed anew each time, as each run lists it
+        return inputs_key(source_signature(str(source)), prepared_with, tokenizer)
+
+    key = key_of(params)
+    assert key and key == key_of(params)
     # Training params do not change the prepared rows.
-    assert inputs_key(str(source), replace(params, learning_rate=1e-5, lora_r=4), tokenizer) == key
-    assert inputs_key(str(source), replace(params, min_chars=3), tokenizer) != key
-    assert inputs_key(str(source), replace(params, source_format="json"), tokenizer) != key
+    assert key_of(replace(params, learning_rate=1e-5, lora_r=4)) == key
+    assert key_of(replace(params, min_chars=3)) != key
+    assert key_of(replace(params, source_format="json")) != key
     (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "b"}')
-    assert inputs_key(str(source), params, tokenizer) != key
+    assert key_of(params) != key
     (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "a"}')
     stat = source.stat()
     os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # rewritten in place
-    assert inputs_key(str(source), params, tokenizer) != key
+    assert key_of(params) != key
     # A catalog table has no listing to sign: always prepared by Spark.
-    assert inputs_key("sales.tickets", replace(params, source_uri="sales.tickets"), tokenizer) is None
+    assert source_signature("sales.tickets") is None
+    assert inputs_key(None, replace(params, source_uri="sales.tickets"), tokenizer) is None
 
 
 def test_a_recorded_summary_is_found_while_its_folders_are_complete(tmp_path):
