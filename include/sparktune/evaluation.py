@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sparktune.classification import CLASSIFICATION_COLUMNS, is_sequence_classifier
+from sparktune.label_scoring import completion_loss  # noqa: F401 (re-exported)
 from sparktune.model_safety import UnsafeModelError
 from sparktune.training import configure_process_logging, using_tracking_uri
 
@@ -78,6 +79,8 @@ class EvalResult:
     labels: list[str] = field(default_factory=list)
     # A few generations that matched no label, to see why (no eos learned, a misspelt label...).
     invalid_samples: list[str] = field(default_factory=list)
+    # label -> share of its examples predicted as it (0 for a label the split lacks).
+    per_class_recall: dict[str, float] = field(default_factory=dict)
     # metric -> [low, high]: percentile bootstrap interval at ``ci_level`` over ``ci_resamples``.
     ci: dict[str, list[float]] = field(default_factory=dict)
     ci_level: float = CONFIDENCE
@@ -90,6 +93,10 @@ class EvalResult:
     y_pred: list[int] = field(default_factory=list)
     example_loss: list[float] = field(default_factory=list)
     example_tokens: list[int] = field(default_factory=list)
+    # Per example, in split order: its id (the dataset's example_id) and the predicted label's
+    # probability, as the served model gives it.
+    example_ids: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         """Flat metric names for MLflow and the gate; small (no per-example values)."""
@@ -104,6 +111,8 @@ class EvalResult:
             out[f"{name}_ci_high"] = float(high)
         for label, value in self.per_class_f1.items():
             out[f"eval_f1_{metric_safe(label)}"] = value
+        for label, value in self.per_class_recall.items():
+            out[f"eval_recall_{metric_safe(label)}"] = value
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -325,22 +334,64 @@ def confusion_matrix_figure(result: EvalResult, path: str | Path, *, title: str 
     return target
 
 
+PREDICTION_COLUMNS = ("example_id", "label", "prediction", "score")
+
+
+def write_predictions_csv(result: EvalResult, path: str | Path) -> Path:
+    """The per-example predictions of ``result`` as CSV (:data:`PREDICTION_COLUMNS`), written
+    atomically: what the parity checks compare the served model against, row by row."""
+    import csv
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    with partial.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(PREDICTION_COLUMNS)
+        for example_id, truth, predicted, score in zip(
+            result.example_ids, result.y_true, result.y_pred, result.scores, strict=True
+        ):
+            writer.writerow([example_id, result.classes[truth], result.classes[predicted], repr(score)])
+    partial.replace(target)
+    return target
+
+
 # --------------------------------------------------------------------------------------------
 # Loading
 
 
-def load_components(
-    model_uri: str, *, trust_remote_code: bool = False
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Model and tokenizer from an MLflow model URI, a saved MLflow model folder, or a Hugging Face folder.
+@dataclass
+class LabelScorer:
+    """A model ready to predict through the pyfunc path: ``predict(texts)`` returns (labels, scores)
+    exactly as ``mlflow.pyfunc.load_model(uri).predict`` does; ``model`` and ``tokenizer`` are the
+    pyfunc's own, for the loss."""
 
-    Safetensors weights only; the model's own code runs only with ``trust_remote_code``
-    (:mod:`sparktune.model_safety`). An MLflow model is downloaded and checked before MLflow loads it.
+    predict: Callable[[list[str]], tuple[list[str], list[float]]]
+    model: Any
+    tokenizer: Any
+    spec: Any
+
+
+def load_label_model(
+    model_uri: str,
+    *,
+    labels: list[str] | None = None,
+    prompt_template: str | None = None,
+    trust_remote_code: bool = False,
+    batch_size: int = 32,
+) -> LabelScorer:
+    """The model at ``model_uri`` as the label pyfunc users load (:mod:`sparktune.label_pyfunc`).
+
+    An MLflow model (``models:/name/3``, ``models:/name@champion``, ``runs:/<id>/model`` or its
+    folder) is downloaded, checked (safetensors weights only; its own code only with
+    ``trust_remote_code``, :mod:`sparktune.model_safety`) and loaded with
+    ``mlflow.pyfunc.load_model``; predictions go through its ``predict``. A Hugging Face
+    ``save_pretrained`` folder, or a model an earlier sparktune logged with MLflow's transformers
+    flavour, carries no label set or prompt template: ``labels`` (a causal LM's candidates) and
+    ``prompt_template`` (default: the pipeline's) say them, and it is wrapped in the same pyfunc
+    class.
     """
-    import mlflow
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    from sparktune import model_safety as safe
+    import pandas as pd
 
     local = Path(model_uri).expanduser()
     if local.is_dir() and not (local / "MLmodel").exists():
@@ -349,22 +400,109 @@ def load_components(
                 f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
                 "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
             )
-        config = safe.load_config(local, trust_remote_code=trust_remote_code)
-        auto = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
-        return (
-            safe.load_model(auto, local, trust_remote_code=trust_remote_code),
-            safe.load_tokenizer(local, trust_remote_code=trust_remote_code),
-        )
+        model, tokenizer = _load_folder(local, trust_remote_code)
+        return _wrap(model, tokenizer, labels, prompt_template, batch_size)
     if "://" not in model_uri and ":/" not in model_uri and not local.exists():
         raise EvaluationInputError(
             f"Model {model_uri!r} is neither an existing folder nor an MLflow URI "
             "(models:/name/3, models:/name@champion, runs:/<run id>/model)."
         )
-    # MLflow loads a class transformers lacks with trust_remote_code=True on its own: check first.
+    pyfunc, model, tokenizer = _load_mlflow_model(model_uri, trust_remote_code)
+    if pyfunc is None:  # logged with MLflow's transformers flavour by an earlier version
+        return _wrap(model, tokenizer, labels, prompt_template, batch_size)
+    inner = pyfunc.unwrap_python_model()
+
+    def predict(texts: list[str]) -> tuple[list[str], list[float]]:
+        out = pyfunc.predict(pd.DataFrame({"text": texts}), params={"batch_size": batch_size})
+        return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
+
+    return LabelScorer(predict, model, tokenizer, inner.spec)
+
+
+def _load_mlflow_model(model_uri: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+    """(the pyfunc or None, model, tokenizer) of an MLflow model: the label pyfunc, or a
+    transformers-flavour model (no pyfunc of ours: None)."""
+    import mlflow
+
+    from sparktune import model_safety as safe
+
+    # MLflow would load a class transformers lacks with trust_remote_code=True on its own: check first.
     downloaded = safe.local_model_dir(model_uri)
     safe.check_model_tree(downloaded, trust_remote_code=trust_remote_code)
-    components = mlflow.transformers.load_model(str(downloaded), return_type="components")
-    return components["model"], components["tokenizer"]
+    import yaml
+
+    flavors = (yaml.safe_load((downloaded / "MLmodel").read_text()) or {}).get("flavors", {})
+    if "transformers" in flavors:
+        components = mlflow.transformers.load_model(str(downloaded), return_type="components")
+        return None, components["model"], components["tokenizer"]
+    pyfunc = mlflow.pyfunc.load_model(str(downloaded))
+    inner = pyfunc.unwrap_python_model()
+    if not hasattr(inner, "spec"):
+        raise EvaluationInputError(
+            f"{model_uri!r} is a pyfunc of class {type(inner).__name__}, not sparktune's label model "
+            "(sparktune.label_pyfunc); evaluate a model the llm_finetune DAG logged."
+        )
+    return pyfunc, inner.model, inner.tokenizer
+
+
+def _load_folder(local: Path, trust_remote_code: bool) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from sparktune import model_safety as safe
+
+    config = safe.load_config(local, trust_remote_code=trust_remote_code)
+    auto = AutoModelForSequenceClassification if is_sequence_classifier(config) else AutoModelForCausalLM
+    return (
+        safe.load_model(auto, local, trust_remote_code=trust_remote_code),
+        safe.load_tokenizer(local, trust_remote_code=trust_remote_code),
+    )
+
+
+def _wrap(
+    model: Any, tokenizer: Any, labels: list[str] | None, prompt_template: str | None, batch_size: int
+) -> LabelScorer:
+    """A bare model in the label pyfunc class, with the label set and template it cannot carry."""
+    import pandas as pd
+
+    from sparktune import label_pyfunc, label_scoring
+    from sparktune.params import MISTRAL_INSTRUCT_TEMPLATE
+
+    if is_sequence_classifier(model):
+        head = [str(model.config.id2label[i]) for i in sorted(model.config.id2label, key=int)]
+        spec = label_scoring.LabelSpec(label_scoring.SEQUENCE_CLASSIFICATION, tuple(head))
+    else:
+        spec = label_scoring.LabelSpec(
+            label_scoring.CAUSAL_LM, tuple(labels or ()), prompt_template or MISTRAL_INSTRUCT_TEMPLATE
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.eval()
+    wrapped = label_pyfunc.LabelModel()
+    wrapped.model, wrapped.tokenizer, wrapped.spec = model, tokenizer, spec
+    wrapped.batch_size, wrapped.scoring = batch_size, label_scoring
+
+    def predict(texts: list[str]) -> tuple[list[str], list[float]]:
+        out = wrapped.predict(None, pd.DataFrame({"text": texts}))
+        return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
+
+    return LabelScorer(predict, model, tokenizer, spec)
+
+
+def load_components(
+    model_uri: str, *, trust_remote_code: bool = False
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Model and tokenizer of an MLflow model URI or folder, or a Hugging Face folder (checked as
+    :func:`load_label_model` checks them)."""
+    local = Path(model_uri).expanduser()
+    if local.is_dir() and not (local / "MLmodel").exists():
+        if not (local / "config.json").exists():
+            raise EvaluationInputError(
+                f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
+                "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
+            )
+        return _load_folder(local, trust_remote_code)
+    _, model, tokenizer = _load_mlflow_model(model_uri, trust_remote_code)
+    return model, tokenizer
 
 
 def _load_split(
@@ -427,109 +565,19 @@ def _label_strings(dataset: Dataset) -> tuple[list[str], list[str]]:
 # Scoring
 
 
-def _completion_token_ids(
-    tokenizer: PreTrainedTokenizerBase, prompt: str, completion: str
-) -> tuple[list, int]:
-    """Token ids of prompt+completion+eos and where the completion starts, as TRL builds them."""
-    prompt_ids = tokenizer(prompt)["input_ids"]
-    full_ids = tokenizer(prompt + completion + tokenizer.eos_token)["input_ids"]
-    start = 0
-    for a, b in zip(prompt_ids, full_ids, strict=False):
-        if a != b:
-            break
-        start += 1
-    return full_ids, start
-
-
-def completion_loss(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    completions: list[str],
-    batch_size: int,
-) -> tuple[list[float], list[int]]:
-    """Per example: (summed cross-entropy over its completion tokens, number of those tokens)."""
-    import torch
-
-    losses: list[float] = []
-    counts: list[int] = []
-    pad_id = tokenizer.pad_token_id
-    for begin in range(0, len(prompts), batch_size):
-        rows = [
-            _completion_token_ids(tokenizer, p, c)
-            for p, c in zip(
-                prompts[begin : begin + batch_size], completions[begin : begin + batch_size], strict=True
-            )
-        ]
-        width = max(len(ids) for ids, _ in rows)
-        input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        for i, (ids, start) in enumerate(rows):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            attention[i, : len(ids)] = 1
-            labels[i, start : len(ids)] = torch.tensor(ids[start:])
-        logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-        shifted_labels = labels[:, 1:]
-        token_losses = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.size(-1)), shifted_labels.reshape(-1), reduction="none"
-        ).view(shifted_labels.shape)  # 0 where the label is -100
-        losses.extend(token_losses.sum(dim=1).tolist())
-        counts.extend((shifted_labels != -100).sum(dim=1).tolist())
-    return losses, counts
-
-
-def generate_labels(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    max_new_tokens: int,
-    batch_size: int,
-) -> list[str]:
-    """Greedy completions of ``prompts``, stripped, generated in left-padded batches."""
-    from transformers import GenerationConfig
-
-    # An explicit config: a base model's saved generation config may ask for sampling.
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    previous_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        outputs: list[str] = []
-        for begin in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[begin : begin + batch_size], return_tensors="pt", padding=True)
-            generated = model.generate(**batch, generation_config=config)
-            new_tokens = generated[:, batch["input_ids"].shape[1] :]
-            outputs.extend(t.strip() for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-        return outputs
-    finally:
-        tokenizer.padding_side = previous_side
-
-
-def classify_texts(
+def classifier_loss(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     texts: list[str],
     truth: list[str],
     batch_size: int,
-) -> tuple[list[str], list[float], list[int]]:
-    """A sequence classifier's labels for ``texts`` and its loss on the true labels.
-
-    Returns, per text: the argmax label through ``config.id2label``, the cross-entropy of the true
-    label, and 1 if the model knows that label (else 0, with a loss of 0). Texts are truncated at
-    the tokenizer's ``model_max_length``, which training sets to its ``max_length``.
-    """
+) -> tuple[list[float], list[int]]:
+    """A sequence classifier's loss on the true labels: per text, the cross-entropy of the true
+    label and 1 if the model knows that label (else 0, with a loss of 0). Texts are truncated at
+    the tokenizer's ``model_max_length``, which training sets to its ``max_length``."""
     import torch
 
-    id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
-    label2id = {name: i for i, name in id2label.items()}
-    predictions: list[str] = []
+    label2id = {str(name): int(i) for i, name in model.config.id2label.items()}
     losses: list[float] = []
     counts: list[int] = []
     for begin in range(0, len(texts), batch_size):
@@ -537,18 +585,12 @@ def classify_texts(
             texts[begin : begin + batch_size], return_tensors="pt", padding=True, truncation=True
         )
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-        predictions.extend(id2label[int(i)] for i in logits.argmax(-1))
         targets = torch.tensor([label2id.get(t, -100) for t in truth[begin : begin + batch_size]])
         losses.extend(
             torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="none").tolist()
         )
         counts.extend((targets != -100).long().tolist())
-    return predictions, losses, counts
-
-
-def _max_label_tokens(tokenizer: PreTrainedTokenizerBase, names: list[str], completions: list[str]) -> int:
-    candidates = set(completions) | {f" {name}" for name in names}
-    return max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in candidates)
+    return losses, counts
 
 
 def evaluate_model(
@@ -562,17 +604,23 @@ def evaluate_model(
     bootstrap_resamples: int = BOOTSTRAP_RESAMPLES,
     bootstrap_seed: int = BOOTSTRAP_SEED,
     trust_remote_code: bool = False,
+    prompt_template: str | None = None,
 ) -> EvalResult:
     """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1,
-    with 95% bootstrap intervals of accuracy, macro F1 and loss.
+    per-class recall, with 95% bootstrap intervals of accuracy, macro F1 and loss.
 
     ``model_uri`` is an MLflow model URI (``models:/name/3``, ``models:/name@champion``,
     ``runs:/<id>/model``) or a local folder; ``tracking_uri`` sets where ``models:/`` and ``runs:/``
     resolve (default: ``MLFLOW_TRACKING_URI``). ``bootstrap_resamples=0`` skips the intervals.
     ``trust_remote_code`` lets a model that ships its own Python code load (default: refused).
+
+    Predictions are the logged pyfunc's (:func:`load_label_model`): the label and probability a
+    user of ``mlflow.pyfunc.load_model`` gets, kept per example (``example_ids``, ``scores``).
+    ``prompt_template`` is used only for a model that does not carry one (a bare Hugging Face
+    folder); default: the pipeline's.
     """
     import torch
-    from sklearn.metrics import f1_score
+    from sklearn.metrics import f1_score, recall_score
 
     if batch_size < 1:
         raise EvaluationInputError(f"batch_size must be at least 1, got {batch_size}.")
@@ -581,61 +629,63 @@ def evaluate_model(
     started = time.perf_counter()
     # The columns each kind of model needs are checked once the model tells its kind.
     dataset = _load_split(dataset_path, split, max_examples, required=("label",))
-    with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
-        model, tokenizer = load_components(model_uri, trust_remote_code=trust_remote_code)
-    classifier = is_sequence_classifier(model)
-    _require_columns(dataset, CLASSIFICATION_COLUMNS if classifier else REQUIRED_COLUMNS, dataset_path, split)
     names, truth = _label_strings(dataset)
+    with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
+        scorer = load_label_model(
+            model_uri,
+            labels=names,
+            prompt_template=prompt_template,
+            trust_remote_code=trust_remote_code,
+            batch_size=batch_size,
+        )
+    model, tokenizer = scorer.model, scorer.tokenizer
+    classifier = is_sequence_classifier(model)
+    required = CLASSIFICATION_COLUMNS if classifier else (*REQUIRED_COLUMNS, "text")
+    _require_columns(dataset, required, dataset_path, split)
     if tokenizer.pad_token is None and tokenizer.eos_token is None:
         raise EvaluationInputError(
             f"The tokenizer of {model_uri!r} has neither a pad nor an eos token; "
-            + ("batches cannot be padded." if classifier else "generation could not stop after the label.")
+            + ("batches cannot be padded." if classifier else "a label's end cannot be scored.")
         )
     if tokenizer.eos_token is None and not classifier:
         raise EvaluationInputError(
-            f"The tokenizer of {model_uri!r} has no eos token; generation could not stop after the label."
+            f"The tokenizer of {model_uri!r} has no eos token; a label's end cannot be scored."
         )
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.eval()
 
-    known = set(names)
-    if classifier:
-        texts = list(dataset["text"])
-        with torch.inference_mode():
-            predictions, example_loss, example_tokens = classify_texts(
-                model, tokenizer, texts, truth, batch_size
+    texts = [str(t) for t in dataset["text"]]
+    # The prediction path users get: the pyfunc's predict (sparktune.label_scoring.score_texts).
+    predictions, scores = scorer.predict(texts)
+    # Every prediction is one of the model's labels: none is invalid, even one the split lacks.
+    known = set(names) | set(scorer.spec.labels)
+    with torch.inference_mode():
+        if classifier:
+            example_loss, example_tokens = classifier_loss(model, tokenizer, texts, truth, batch_size)
+        else:
+            example_loss, example_tokens = completion_loss(
+                model, tokenizer, list(dataset["prompt"]), list(dataset["completion"]), batch_size
             )
-        loss_tokens = sum(example_tokens)
-        # Every prediction is one of the head's labels: none is invalid, even one the split lacks.
-        known |= {str(name) for name in model.config.id2label.values()}
-        if loss_tokens == 0:
-            raise EvaluationInputError(
-                f"The classifier {model_uri!r} has labels {sorted(model.config.id2label.values())}, none of "
-                f"which is a label of split {split!r} ({names}); it was trained on other labels."
-            )
-        if loss_tokens < len(truth):
-            logger.warning(
-                "%d of %d %s examples have labels the classifier %s does not know; they count as errors "
-                "and are left out of the loss.",
-                len(truth) - loss_tokens,
-                len(truth),
-                split,
-                model_uri,
-            )
-    else:
-        prompts = list(dataset["prompt"])
-        completions = list(dataset["completion"])
-        max_new_tokens = _max_label_tokens(tokenizer, names, completions) + 2
-        with torch.inference_mode():
-            example_loss, example_tokens = completion_loss(model, tokenizer, prompts, completions, batch_size)
-            predictions = generate_labels(model, tokenizer, prompts, max_new_tokens, batch_size)
+    loss_tokens = sum(example_tokens)
+    if classifier and loss_tokens == 0:
+        raise EvaluationInputError(
+            f"The classifier {model_uri!r} has labels {sorted(scorer.spec.labels)}, none of "
+            f"which is a label of split {split!r} ({names}); it was trained on other labels."
+        )
+    if classifier and loss_tokens < len(truth):
+        logger.warning(
+            "%d of %d %s examples have labels the classifier %s does not know; they count as errors "
+            "and are left out of the loss.",
+            len(truth) - loss_tokens,
+            len(truth),
+            split,
+            model_uri,
+        )
 
     eval_loss = math.fsum(example_loss) / max(sum(example_tokens), 1)
     predicted = [p if p in known else INVALID_PREDICTION for p in predictions]
     correct = sum(p == t for p, t in zip(predicted, truth, strict=True))
     per_class = f1_score(truth, predicted, labels=names, average=None, zero_division=0)
     macro = f1_score(truth, predicted, labels=names, average="macro", zero_division=0)
+    recall = recall_score(truth, predicted, labels=names, average=None, zero_division=0)
     confusion: dict[str, dict[str, int]] = {}
     for t, p in zip(truth, predicted, strict=True):
         row = confusion.setdefault(t, {})
@@ -664,6 +714,7 @@ def evaluate_model(
         eval_accuracy=correct / len(truth),
         eval_macro_f1=float(macro),
         per_class_f1={name: float(v) for name, v in zip(names, per_class, strict=True)},
+        per_class_recall={name: float(v) for name, v in zip(names, recall, strict=True)},
         n_examples=len(truth),
         confusion=confusion,
         seconds=time.perf_counter() - started,
@@ -682,6 +733,12 @@ def evaluate_model(
         y_pred=y_pred,
         example_loss=[float(v) for v in example_loss],
         example_tokens=[int(v) for v in example_tokens],
+        example_ids=(
+            [str(v) for v in dataset["example_id"]]
+            if "example_id" in dataset.column_names
+            else [str(i) for i in range(len(truth))]
+        ),
+        scores=[float(v) for v in scores],
     )
     logger.info(
         "Evaluated %s on %d %s examples in %.1f s: loss %.4f%s, accuracy %.4f%s, macro F1 %.4f%s, "
@@ -730,6 +787,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", required=True, help="Where to write the result JSON.")
     parser.add_argument(
+        "--predictions",
+        default=None,
+        help="Where to write the per-example predictions CSV (default: <output stem>_predictions.csv).",
+    )
+    parser.add_argument(
+        "--prompt-template",
+        default=None,
+        help="The template of a bare Hugging Face folder's prompts (an MLflow model carries its own).",
+    )
+    parser.add_argument(
         "--confusion-matrix",
         default=None,
         help="Where to write the confusion matrix PNG (default: <output stem>_confusion.png beside it).",
@@ -759,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap_resamples=args.bootstrap_resamples,
             bootstrap_seed=args.bootstrap_seed,
             trust_remote_code=args.trust_remote_code == "true",
+            prompt_template=args.prompt_template,
         )
     except (EvaluationInputError, UnsafeModelError) as err:
         logger.error("%s", err)
@@ -769,6 +837,7 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(result.to_json())
+    write_predictions_csv(result, args.predictions or output.with_name(f"{output.stem}_predictions.csv"))
     figure = Path(args.confusion_matrix or output.with_name(f"{output.stem}_confusion.png"))
     try:
         confusion_matrix_figure(result, figure)

@@ -20,17 +20,11 @@ chose shared storage over shipping the folder with ``SparkContext.addFile``: a m
 would be copied into every executor's work directory on every application, and a shared folder
 keyed by immutable version is downloaded once for all runs.
 
-Scoring. A causal LM (``task=causal_lm``) scores every candidate label: the prompt is built with
-the training run's ``prompt_template`` by :func:`sparktune.prepare.format_example` (the same
-prompt/completion split training used), each candidate (label + eos) gets the summed
-log-likelihood :func:`sparktune.evaluation.completion_loss` would give it, and the prediction is
-the candidate with the highest; ``score`` is its probability after a softmax over the candidates.
-This never answers outside the label set. A batch runs its prompts through the model once and
-reuses their KV cache for every candidate's tokens (one pass over the prompts, one over the
-candidates, instead of a full prompt + candidate pass per label); prompts the fast path cannot
-score exactly (a tokenizer merging the prompt's end with a label, a recurrent or short
-sliding-window cache) go through ``completion_loss`` itself. A sequence classifier predicts the
-argmax of its head through ``config.id2label``; ``score`` is the softmax probability of that label.
+Scoring is the logged model's own: each worker loads the version's folder as the label pyfunc
+(:func:`sparktune.evaluation.load_label_model`) and calls its ``predict``, the path evaluation
+scored and ``mlflow.pyfunc.load_model`` gives users (:mod:`sparktune.label_scoring`: constrained
+scoring over the label set for a causal LM, the head's arg max for a classifier; ``score`` is the
+predicted label's probability). Each partition's texts are scored in length-sorted batches.
 """
 
 from __future__ import annotations
@@ -156,7 +150,11 @@ def resolve_model(
 
     check_model_tree(local, trust_remote_code=trust_remote_code)
 
-    task = _task_of(local, run_params)
+    logged = _label_model_config(local)
+    if logged.get("labels"):
+        # The label pyfunc carries its task, labels and template: what it was evaluated with.
+        labels, prompt_template = logged["labels"], logged.get("prompt_template") or prompt_template
+    task = logged.get("task") or _task_of(local, run_params)
     template = prompt_template or run_params.get("prompt_template", "")
     if task == CAUSAL_LM:
         if not template or "{text}" not in template or "{label}" not in template:
@@ -239,6 +237,19 @@ def _download(model_name: str, version: str, download_dir: str | Path | None) ->
     return target
 
 
+def _label_model_config(local: Path) -> dict[str, Any]:
+    """The ``model_config`` of a label pyfunc (:mod:`sparktune.label_pyfunc`); empty for a model
+    logged otherwise (MLflow's transformers flavour, by an earlier version)."""
+    import yaml
+
+    mlmodel = local / "MLmodel"
+    if not mlmodel.is_file():
+        return {}
+    flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
+    # MLflow stores a pyfunc's model_config under "config" in MLmodel.
+    return dict((flavors.get("python_function") or {}).get("config") or {})
+
+
 def _hf_config_dir(local: Path) -> Path:
     for candidate in (local, local / "model"):
         if (candidate / "config.json").exists():
@@ -283,248 +294,26 @@ def _labels_of(tags: dict[str, str], run_params: dict[str, str], model_name: str
 
 
 # --------------------------------------------------------------------------------------------
-# Executors: one model per Python worker, length-sorted batches
+# Executors: one model per Python worker
 
-_MODEL_CACHE: dict[str, tuple[Any, Any]] = {}
+_MODEL_CACHE: dict[str, Any] = {}
 
 
-def load_cached(local_path: str, *, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """(model, tokenizer) from ``local_path``, loaded once per Python process."""
-    key = f"{local_path}\0{bool(trust_remote_code)}"
+def load_cached(ref: ModelRef, batch_size: int = 32) -> Any:
+    """The model at ``ref.local_path`` as :func:`sparktune.evaluation.load_label_model` loads it
+    (the logged pyfunc, the path evaluation scored), once per Python process."""
+    key = f"{ref.local_path}\0{bool(ref.trust_remote_code)}\0{batch_size}"
     if key not in _MODEL_CACHE:
-        model, tokenizer = _load_components(local_path, trust_remote_code)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model.eval()
-        _MODEL_CACHE[key] = (model, tokenizer)
+        from sparktune.evaluation import load_label_model
+
+        _MODEL_CACHE[key] = load_label_model(
+            ref.local_path,
+            labels=list(ref.labels),
+            prompt_template=ref.prompt_template or None,
+            trust_remote_code=ref.trust_remote_code,
+            batch_size=batch_size,
+        )
     return _MODEL_CACHE[key]
-
-
-def _load_components(local_path: str, trust_remote_code: bool = False) -> tuple[Any, Any]:
-    """A transformers-flavour folder straight through transformers (no mlflow import per worker)."""
-    from sparktune.evaluation import load_components
-
-    weights, tokenizer_dir = Path(local_path) / "model", Path(local_path) / "components" / "tokenizer"
-    if not ((weights / "config.json").exists() and tokenizer_dir.is_dir()):
-        return load_components(local_path, trust_remote_code=trust_remote_code)
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    from sparktune.model_safety import load_model, load_tokenizer
-
-    auto = (
-        AutoModelForSequenceClassification
-        if _task_of(Path(local_path), {}) == SEQUENCE_CLASSIFICATION
-        else AutoModelForCausalLM
-    )
-    return (
-        load_model(auto, weights, trust_remote_code=trust_remote_code),
-        load_tokenizer(tokenizer_dir, trust_remote_code=trust_remote_code),
-    )
-
-
-def score_texts(
-    model: Any, tokenizer: Any, texts: list[str], ref: ModelRef, batch_size: int
-) -> tuple[list[str], list[float]]:
-    """(prediction, score) per text, in input order; texts are scored in length-sorted batches."""
-    import numpy as np
-    import torch
-
-    if not texts:
-        return [], []
-    prompt_ids: list[list[int]] = []
-    if ref.task == CAUSAL_LM:
-        from sparktune.prepare import format_example
-
-        prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
-        # With special tokens, as completion_loss (and training) tokenizes a prompt: reused below.
-        prompt_ids = _token_ids(tokenizer, prompts)
-        lengths = [len(ids) for ids in prompt_ids]
-    else:
-        prompts = texts
-        lengths = [len(ids) for ids in tokenizer(texts, truncation=True)["input_ids"]]
-    order = np.argsort(lengths, kind="stable")
-    predictions: list[str] = [""] * len(texts)
-    scores: list[float] = [0.0] * len(texts)
-    with torch.inference_mode():
-        for begin in range(0, len(order), batch_size):
-            rows = [int(i) for i in order[begin : begin + batch_size]]
-            batch = [prompts[i] for i in rows]
-            if ref.task == CAUSAL_LM:
-                labels, probs = _causal_lm_batch(model, tokenizer, batch, ref, [prompt_ids[i] for i in rows])
-            else:
-                labels, probs = _classifier_batch(model, tokenizer, batch)
-            for i, label, prob in zip(rows, labels, probs, strict=True):
-                predictions[i], scores[i] = label, prob
-    return predictions, scores
-
-
-def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """``tokenizer(texts)["input_ids"]`` (special tokens added, no truncation or padding), through
-    the fast backend when that gives the same ids (:func:`sparktune.prepare.fast_backend`)."""
-    from sparktune.prepare import fast_backend
-
-    backend = fast_backend(tokenizer)
-    if backend is None:
-        return tokenizer(texts, return_attention_mask=False)["input_ids"]
-    return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=True)]
-
-
-_COMPLETIONS: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-
-
-def _completions(ref: ModelRef) -> list[str]:
-    """Each candidate's completion as training built it: the template's whitespace before {label},
-    the label, the template's tail (eos is added by the caller). Built once per template and labels."""
-    from sparktune.prepare import format_example
-
-    key = (ref.prompt_template, ref.labels)
-    if key not in _COMPLETIONS:
-        _COMPLETIONS[key] = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
-    return _COMPLETIONS[key]
-
-
-def _causal_lm_batch(
-    model: Any,
-    tokenizer: Any,
-    prompts: list[str],
-    ref: ModelRef,
-    prompt_ids: list[list[int]] | None = None,
-) -> tuple[list[str], list[float]]:
-    """Each candidate label's log-likelihood after each prompt; softmax over the candidates.
-
-    The numbers are those of :func:`sparktune.evaluation.completion_loss` (which tokenizes
-    prompt + completion + eos as training did and scores the tokens after the prompt's), computed
-    with one forward pass over the prompts and one over the candidates' tokens: see
-    :func:`_shared_prompt_log_likelihood`. A prompt whose tokens are not a prefix of every
-    prompt + completion (a tokenizer merging across the boundary) is scored by ``completion_loss``.
-    """
-    import torch
-
-    n_labels = len(ref.labels)
-    if prompt_ids is None:
-        prompt_ids = _token_ids(tokenizer, prompts)
-    eos = tokenizer.eos_token
-    # One batched call for every prompt x candidate, as completion_loss tokenizes each pair.
-    texts = [p + c + eos for p in prompts for c in _completions(ref)]
-    joint = _token_ids(tokenizer, texts)
-    shared: list[int] = []
-    fallback: list[int] = []
-    tails: list[list[int]] = []
-    for i, ids in enumerate(prompt_ids):
-        fulls = joint[i * n_labels : (i + 1) * n_labels]
-        if len(ids) >= 2 and all(len(full) > len(ids) and full[: len(ids)] == ids for full in fulls):
-            shared.append(i)
-            tails.extend(full[len(ids) :] for full in fulls)
-        else:
-            fallback.append(i)
-    log_likelihood = torch.zeros((len(prompts), n_labels), dtype=torch.float64)
-    if shared:
-        found = _shared_prompt_log_likelihood(
-            model, [prompt_ids[i] for i in shared], tails, tokenizer.pad_token_id
-        )
-        if found is None:  # a model whose cache cannot be reused this way (see _cache_reusable)
-            fallback, shared = sorted(fallback + shared), []
-        else:
-            log_likelihood[shared] = found.view(len(shared), n_labels)
-    if fallback:
-        from sparktune.evaluation import completion_loss
-
-        completions = _completions(ref)
-        losses, _ = completion_loss(
-            model,
-            tokenizer,
-            [prompts[i] for i in fallback for _ in range(n_labels)],
-            completions * len(fallback),
-            len(fallback) * n_labels,
-        )
-        log_likelihood[fallback] = -torch.tensor(losses, dtype=torch.float64).view(len(fallback), n_labels)
-    probs = torch.softmax(log_likelihood, dim=1)
-    best = probs.argmax(dim=1)
-    return [ref.labels[int(i)] for i in best], probs.max(dim=1).values.tolist()
-
-
-def _shared_prompt_log_likelihood(
-    model: Any, prompts: list[list[int]], tails: list[list[int]], pad_id: int | None
-) -> Any:
-    """Summed log-probability of each tail after its prompt: ``tails`` holds ``len(tails) //
-    len(prompts)`` candidates per prompt, prompt-major. Returns a float64 tensor, one per tail, or
-    None when the model's cache cannot be reused (:func:`_cache_reusable`).
-
-    Pass 1 runs every prompt but its last token once (right-padded, ``use_cache=True``). Pass 2
-    repeats that KV cache once per candidate and feeds ``[last prompt token] + tail[:-1]``, whose
-    logits predict ``tail``. Position ids continue each prompt's own length and the attention mask
-    hides the padding between a short prompt and its tail, so padding never reaches a real token;
-    every row of pass 1 has at least one real token (prompts are at least two tokens), so no
-    attention row is empty.
-    """
-    import inspect
-
-    import torch
-
-    n_prompts = len(prompts)
-    per_prompt = len(tails) // n_prompts
-    pad = 0 if pad_id is None else int(pad_id)
-    prefix_width = max(len(ids) for ids in prompts) - 1
-    prefix = torch.tensor([ids[:-1] + [pad] * (prefix_width + 1 - len(ids)) for ids in prompts])
-    prefix_mask = torch.tensor(
-        [[1] * (len(ids) - 1) + [0] * (prefix_width + 1 - len(ids)) for ids in prompts]
-    )
-    keep_one = (
-        {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    )
-    cache = model(input_ids=prefix, attention_mask=prefix_mask, use_cache=True, **keep_one).past_key_values
-    width = max(len(tail) for tail in tails)
-    if not _cache_reusable(cache, prefix_width + width):
-        return None
-    cache.batch_repeat_interleave(per_prompt)
-
-    lasts = [prompts[row // per_prompt] for row in range(len(tails))]
-    inputs = torch.tensor(
-        [[ids[-1], *tail[:-1]] + [pad] * (width - len(tail)) for ids, tail in zip(lasts, tails, strict=True)]
-    )
-    targets = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails])
-    tail_mask = torch.tensor([[1] * len(tail) + [0] * (width - len(tail)) for tail in tails])
-    starts = torch.tensor([len(ids) - 1 for ids in lasts])
-    attention = torch.cat([prefix_mask.repeat_interleave(per_prompt, dim=0), tail_mask], dim=1)
-    positions = starts[:, None] + torch.arange(width)[None, :]
-    logits = model(
-        input_ids=inputs,
-        attention_mask=attention,
-        position_ids=positions,
-        past_key_values=cache,
-        use_cache=True,
-    ).logits.float()
-    token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
-    return (token_log_probs * tail_mask).sum(dim=1, dtype=torch.float64)
-
-
-def _cache_reusable(cache: Any, length: int) -> bool:
-    """Whether ``cache`` holds plain attention keys and values over ``length`` positions, which a
-    padding mask can hide. A recurrent state (linear attention, state-space layers) has absorbed
-    the padding after a short prompt, and a sliding window shorter than ``length`` would count
-    that padding as distance: those models are scored by ``completion_loss`` instead."""
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
-    layers = getattr(cache, "layers", None)
-    if not layers or not hasattr(cache, "batch_repeat_interleave"):
-        return False
-    for layer in layers:
-        if type(layer) is DynamicSlidingWindowLayer and length < layer.sliding_window:
-            continue
-        if type(layer) is not DynamicLayer:
-            return False
-    return True
-
-
-def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[list[str], list[float]]:
-    import torch
-
-    id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
-    batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-    probs = torch.softmax(logits, dim=-1)
-    best = probs.max(dim=-1)
-    return [id2label[int(i)] for i in best.indices], best.values.tolist()
 
 
 def score_dataframe(
@@ -571,10 +360,10 @@ def score_dataframe(
     def score_partitions(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         import pandas as pd
 
-        model, tokenizer = load_cached(ref.local_path, trust_remote_code=ref.trust_remote_code)
+        scorer = load_cached(ref, batch_size)
         for frame in frames:
             texts = frame["text"].fillna("").astype(str).tolist()
-            predictions, scores = score_texts(model, tokenizer, texts, ref, batch_size)
+            predictions, scores = scorer.predict(texts)
             yield pd.DataFrame({"id": frame["id"].values, "prediction": predictions, "score": scores})
 
     source = df.select(

@@ -162,8 +162,9 @@ def check_model_tree(root: str | Path, *, trust_remote_code: bool) -> None:
     import yaml
 
     flavors = (yaml.safe_load(mlmodel.read_text()) or {}).get("flavors", {})
-    # The adapter pyfunc (sparktune/adapter_pyfunc.py) loads its base from model_config.
-    base_model = ((flavors.get("python_function") or {}).get("model_config") or {}).get("base_model")
+    # The label pyfunc (sparktune/label_pyfunc.py) of an adapter loads its base from model_config,
+    # which MLmodel stores under "config".
+    base_model = ((flavors.get("python_function") or {}).get("config") or {}).get("base_model")
     if base_model and is_local_folder(base_model):
         check_model_folder(base_model, trust_remote_code=trust_remote_code)
     if not trust_remote_code:

@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# The prompt a model is trained on and the one it is asked with come from one function.
+from sparktune.label_scoring import fast_backend, format_example  # noqa: F401 (re-exported)
+
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -531,29 +534,6 @@ def load_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
-def fast_backend(tokenizer: Any) -> Any | None:
-    """The Rust ``tokenizers.Tokenizer`` that a fast tokenizer's ``__call__`` runs, when calling it
-    directly gives the ids the call gives (special tokens added, no truncation or padding); else None.
-
-    ``backend.encode_batch_fast(texts, add_special_tokens=True)`` skips the character offsets and
-    the Python ``BatchEncoding`` that transformers' call builds: the same ids for less CPU. A
-    backend left truncating or padding, or splitting special tokens otherwise than the tokenizer
-    says, would count differently (transformers sets those per call; a direct call cannot).
-    """
-    if hasattr(tokenizer, "encode_batch_fast"):  # already a bare tokenizers.Tokenizer
-        return tokenizer
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (
-        backend is None
-        or not hasattr(backend, "encode_batch_fast")
-        or backend.truncation is not None
-        or backend.padding is not None
-        or backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
-        return None
-    return backend
-
-
 def _backend_from_json(spec: str) -> Any:
     """A bare Rust tokenizer rebuilt from its JSON, once per worker process."""
     import hashlib
@@ -704,14 +684,6 @@ def split_template(template: str) -> tuple[list[str], str, str]:
     stripped = last.rstrip()
     pieces[-1] = stripped
     return pieces, last[len(stripped) :], after
-
-
-def format_example(template: str, text: str, label: str) -> tuple[str, str]:
-    """(prompt, completion) for one row, in Python: the reference the Spark expression matches."""
-    before, _, after = template.partition("{label}")
-    filled = before.replace("{text}", text)
-    prompt = filled.rstrip()
-    return prompt, filled[len(prompt) :] + label + after
 
 
 def _format_columns(template: str, text: Column, label: Column) -> tuple[Column, Column]:

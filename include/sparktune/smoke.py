@@ -1,8 +1,9 @@
 """The smoke test between ``staging`` and ``champion``: the model as a user gets it, on sample rows.
 
 ``mlflow.pyfunc.load_model("models:/NAME@staging")`` is exactly what a serving job or a notebook
-does, so a model whose logged form cannot load, cannot predict, or answers with something that
-is not a label stops here, before the champion alias moves. Latency is recorded: the load, and
+does, so a model whose logged form cannot load, cannot predict, answers with something that is
+not a label, or answers a text differently alone than within a batch stops here, before the
+champion alias moves. Latency is recorded: the load, and
 each sample row predicted alone (p50, p95), the way an online caller would see it.
 
     python -m sparktune.smoke --model-uri models:/support-intent@staging \\
@@ -20,7 +21,6 @@ import logging
 import statistics
 import sys
 import time
-import unicodedata
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from typing import Any
 logger = logging.getLogger("sparktune.smoke")
 
 DEFAULT_ROWS = 16
-MAX_NEW_TOKENS = 8
+# A text scored alone and within a padded batch: float noise only.
+BATCH_SCORE_TOLERANCE = 1e-4
 
 
 class SmokeTestFailed(ValueError):
@@ -62,48 +63,6 @@ class SmokeResult:
         return {**asdict(self), "metrics": self.metrics()}
 
 
-def answers_as_text(output: Any) -> list[str]:
-    """The pyfunc output of either flavour as one string per row.
-
-    text-generation gives strings (or a one-column DataFrame); text-classification gives a
-    DataFrame with ``label`` and ``score``; the adapter pyfunc gives a list of labels.
-    """
-    if hasattr(output, "columns"):
-        column = "label" if "label" in output.columns else output.columns[0]
-        return [str(v) for v in output[column]]
-    if hasattr(output, "tolist"):
-        output = output.tolist()
-    if isinstance(output, str):
-        return [output]
-    return [str(v[0] if isinstance(v, list | tuple) and v else v) for v in output]
-
-
-def label_of(answer: str, prompt: str, labels: list[str]) -> str | None:
-    """The label an answer gives: the answer itself, or its first word after the prompt.
-
-    A model logged without ``return_full_text=False`` echoes the prompt first; decoding may not
-    give it back byte for byte (Unicode normalization, spaces), so the prompt is found by its
-    last characters, after NFC normalization, rather than by exact prefix.
-    """
-    answer, prompt = unicodedata.normalize("NFC", answer), unicodedata.normalize("NFC", prompt)
-    text = answer
-    if prompt and answer.startswith(prompt):
-        text = answer[len(prompt) :]
-    else:
-        # Longest end of the prompt that the answer contains (the template's closing marker last).
-        for size in (32, 16, 8):
-            tail = prompt.strip()[-size:]
-            at = answer.rfind(tail) if tail else -1
-            if at >= 0:
-                text = answer[at + len(tail) :]
-                break
-    text = text.strip()
-    if text in labels:
-        return text
-    first = text.split()[0] if text.split() else ""
-    return first if first in labels else None
-
-
 def smoke_passed(n_bad: int, rows: int, max_invalid_rate: float) -> bool:
     """At most ``max_invalid_rate`` of the rows may answer outside the label set (0: none)."""
     return n_bad <= max_invalid_rate * rows
@@ -129,49 +88,41 @@ def smoke_test(
     The model folder is downloaded and checked first (:mod:`sparktune.model_safety`): safetensors
     weights only, and no code shipped with the model unless ``trust_remote_code``.
     """
-    import mlflow
+    from sparktune.evaluation import _label_strings, _load_split, load_label_model
 
-    from sparktune.evaluation import _label_strings, _load_split
-    from sparktune.model_safety import check_model_tree, local_model_dir
-
-    dataset = _load_split(dataset_path, split, rows, required=("label",))
+    dataset = _load_split(dataset_path, split, rows, required=("label", "text"))
     labels, _ = _label_strings(dataset)
-    column = "prompt" if "prompt" in dataset.column_names else "text"
-    # A classification head reads the raw text; a causal LM completes the prompt.
+    inputs = [str(v) for v in dataset["text"]]
     started = time.perf_counter()
-    local = local_model_dir(model_uri)
-    check_model_tree(local, trust_remote_code=trust_remote_code)
-    model = mlflow.pyfunc.load_model(str(local))
+    # Downloaded, checked (safetensors only, no unapproved code) and loaded with mlflow.pyfunc.
+    scorer = load_label_model(model_uri, labels=labels, trust_remote_code=trust_remote_code)
     load_seconds = time.perf_counter() - started
-    flavors = model.metadata.flavors
-    task = flavors.get("transformers", {}).get("task", "")
-    if task == "text-classification" and "text" in dataset.column_names:
-        column = "text"
-    inputs = [str(v) for v in dataset[column]]
-    params = {"max_new_tokens": MAX_NEW_TOKENS} if task != "text-classification" else None
-
-    def predict(batch: list[str]) -> list[str]:
-        return answers_as_text(model.predict(batch, params=params) if params else model.predict(batch))
+    known = set(scorer.spec.labels)
 
     latencies = []
-    answers: list[str] = []
+    answers: list[tuple[str, float]] = []
     for text in inputs:
         started = time.perf_counter()
-        answers.extend(predict([text]))
+        predicted, scores = scorer.predict([text])
         latencies.append((time.perf_counter() - started) * 1000.0)
+        answers.extend(zip(predicted, scores, strict=True))
     started = time.perf_counter()
-    batch_answers = predict(inputs)
+    batch_labels, batch_scores = scorer.predict(inputs)
     batch_seconds = time.perf_counter() - started
-    if len(answers) != len(inputs) or len(batch_answers) != len(inputs):
+    if len(answers) != len(inputs) or len(batch_labels) != len(inputs):
         raise SmokeTestFailed(
             f"{model_uri} returned {len(answers)} answers for {len(inputs)} rows one by one and "
-            f"{len(batch_answers)} for the batch: a model must answer every row once."
+            f"{len(batch_labels)} for the batch: a model must answer every row once."
         )
-    bad = [
-        [text, answer]
-        for text, answer in zip(inputs, answers, strict=True)
-        if label_of(answer, text, labels) is None
-    ]
+    bad = []
+    for text, (label, score), batch_label, batch_score in zip(
+        inputs, answers, batch_labels, batch_scores, strict=True
+    ):
+        if label not in known or not 0.0 <= score <= 1.0:
+            bad.append([text, f"{label!r} with score {score!r}: not a label of {sorted(known)}"])
+        elif label != batch_label or abs(score - batch_score) > BATCH_SCORE_TOLERANCE:
+            # Padding must not change an answer: a text alone and in a batch get the same label.
+            bad.append([text, f"{label} ({score:.4f}) alone, {batch_label} ({batch_score:.4f}) in a batch"])
     result = SmokeResult(
         model_uri=model_uri,
         rows=len(inputs),

@@ -803,8 +803,8 @@ def verify_logged_model(
 
     local = local_model_dir(model_uri)
     check_model_tree(local, trust_remote_code=trust_remote_code)
-    components = mlflow.transformers.load_model(str(local), return_type="components")
-    loaded_model, loaded_tokenizer = components["model"], components["tokenizer"]
+    loaded = mlflow.pyfunc.load_model(str(local)).unwrap_python_model()
+    loaded_model, loaded_tokenizer = loaded.model, loaded.tokenizer
     if loaded_model.training:
         loaded_model.eval()
     expected_ids = tokenizer(texts)["input_ids"]
@@ -1135,27 +1135,43 @@ def _train_in_run(
 
     sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
     texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
+    # The label set the model answers in: the head's order for a classifier, the candidates a
+    # causal LM is scored on (labels it never saw in training could not be its answers).
+    if not classify:
+        from sparktune import classification
+
+        # The training splits hold prompt and completion only here; the labels are on disk.
+        if streaming:
+            labels = classification.label_names(None, None, request.dataset_path, streaming)
+        else:
+            on_disk = _load_dataset(request.dataset_path, ("label",))
+            labels = classification.label_names(
+                on_disk["train"], on_disk["validation"], request.dataset_path, streaming
+            )
+    spec = {
+        "task": params.task,
+        "labels": list(labels),
+        "prompt_template": "" if classify else params.prompt_template,
+        # Whoever loads the model loads it as training did: its own code only if trusted here.
+        "trust_remote_code": params.trust_remote_code,
+    }
     adapter_uri = ""
     if params.peft_method != "full":
         # Before merging: merge_and_unload folds the adapter into the base, in place.
-        adapter_uri = _log_adapter_model(
-            run_id, trainer, request, params, output_dir, texts, labels if classify else None
-        )
+        adapter_uri = _log_adapter_model(run_id, trainer, request, params, output_dir, texts, spec)
     merged = _merge(
         trainer, params, request, output_dir, **(classification.model_kwargs(labels) if classify else {})
     )
     merged = _to_stored_dtype(merged, request.base_model, trust_remote_code=params.trust_remote_code)
     merged.eval()
-    mlflow.transformers.log_model(
-        transformers_model={"model": merged, "tokenizer": tokenizer},
-        name=MODEL_ARTIFACT,
-        task=classification.PIPELINE_TASK if classify else "text-generation",
-        # A pyfunc caller sends prompts and wants the label back, not the prompt echoed before it
-        # and a long continuation after it.
-        model_config=None if classify else {"return_full_text": False, "max_new_tokens": GENERATED_TOKENS},
-        pip_requirements=_pip_requirements(),
+    from sparktune import label_pyfunc
+
+    merged_dir = output_dir / "merged"
+    merged.save_pretrained(str(merged_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(merged_dir))
+    model_uri = log_label_model(
+        MODEL_ARTIFACT, {label_pyfunc.MERGED_ARTIFACT: merged_dir}, {**spec, "dtype": "auto"}
     )
-    model_uri = f"runs:/{run_id}/{MODEL_ARTIFACT}"
     diff = verify_logged_model(
         model_uri, merged, tokenizer, texts, trust_remote_code=params.trust_remote_code
     )
@@ -1180,6 +1196,47 @@ def _train_in_run(
     )
 
 
+def label_model_kwargs(artifacts: dict[str, Path], config: dict[str, Any]) -> dict[str, Any]:
+    """``mlflow.pyfunc.log_model``/``save_model`` arguments of the label pyfunc
+    (:mod:`sparktune.label_pyfunc`).
+
+    ``artifacts`` holds ``model`` (a merged ``save_pretrained`` folder with its tokenizer) or
+    ``adapter`` (an adapter folder with its tokenizer, ``config["base_model"]`` naming the base);
+    ``config`` is the pyfunc's ``model_config``: ``task``, ``labels``, ``prompt_template``,
+    ``trust_remote_code``, ``dtype``. The scoring module goes with it (an artifact), so the model
+    is served with the scoring it was evaluated with.
+    """
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from sparktune import label_pyfunc, label_scoring
+
+    return {
+        "python_model": label_pyfunc.__file__,
+        "artifacts": {
+            **{key: str(folder) for key, folder in artifacts.items()},
+            label_pyfunc.SCORING_ARTIFACT: label_scoring.__file__,
+        },
+        "model_config": config,
+        "signature": ModelSignature(
+            # Unnamed: a list of texts, or a DataFrame whose "text" (or only) column holds them.
+            inputs=Schema([ColSpec("string")]),
+            outputs=Schema([ColSpec("string", "prediction"), ColSpec("double", "score")]),
+            params=ParamSchema([ParamSpec("batch_size", "long", label_pyfunc.DEFAULT_BATCH_SIZE)]),
+        ),
+        "pip_requirements": [*_pip_requirements(), *_package_pins(("peft", "mlflow", "pandas"))],
+    }
+
+
+def log_label_model(name: str, artifacts: dict[str, Path], config: dict[str, Any]) -> str:
+    """Log weights as the label pyfunc (:func:`label_model_kwargs`) under the active run; returns
+    ``runs:/<run>/<name>``."""
+    import mlflow
+
+    mlflow.pyfunc.log_model(name=name, **label_model_kwargs(artifacts, config))
+    return f"runs:/{mlflow.active_run().info.run_id}/{name}"
+
+
 def _log_adapter_model(
     run_id: str,
     trainer: Any,
@@ -1187,46 +1244,27 @@ def _log_adapter_model(
     params: PipelineParams,
     output_dir: Path,
     texts: list[str],
-    labels: list[str] | None,
+    spec: dict[str, Any],
 ) -> str:
-    """Log the adapter as a pyfunc model over its base, load it back and compare it with the trained one.
+    """Log the adapter as the label pyfunc over its base, load it back and compare it with the trained one.
 
-    Model-from-code (``sparktune/adapter_pyfunc.py``): ``mlflow.pyfunc.load_model`` serves it
-    wherever ``request.base_model`` (a hub id or a readable path) and peft are available.
+    ``mlflow.pyfunc.load_model`` serves it wherever ``request.base_model`` (a hub id or a readable
+    path) and peft are available.
     """
     import mlflow
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    from sparktune import adapter_pyfunc
+    from sparktune import label_pyfunc
 
     adapter_dir = output_dir / ADAPTER_ARTIFACT
     trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
     trainer.processing_class.save_pretrained(str(adapter_dir))
-    config: dict[str, Any] = {
+    config = {
+        **spec,
         "base_model": request.base_model,
-        "task": params.task,
-        # Whoever loads the model loads its base as training did: its own code only if trusted here.
-        "trust_remote_code": params.trust_remote_code,
         # A QLoRA adapter is served over the 16-bit base (bitsandbytes is for training only).
         "dtype": "bfloat16" if params.peft_method == "qlora" else "float32",
     }
-    if labels is not None:
-        config["labels"] = list(labels)
-    mlflow.pyfunc.log_model(
-        name=ADAPTER_MODEL_ARTIFACT,
-        python_model=adapter_pyfunc.__file__,
-        artifacts={"adapter": str(adapter_dir)},
-        model_config=config,
-        signature=ModelSignature(
-            # One unnamed string column: a list of prompts, or a one-column DataFrame.
-            inputs=Schema([ColSpec("string")]),
-            outputs=Schema([ColSpec("string")]),
-            params=ParamSchema([ParamSpec("max_new_tokens", "long", 16)]),
-        ),
-        pip_requirements=[*_pip_requirements(), *_package_pins(("peft", "mlflow"))],
-    )
-    uri = f"runs:/{run_id}/{ADAPTER_MODEL_ARTIFACT}"
+    uri = log_label_model(ADAPTER_MODEL_ARTIFACT, {label_pyfunc.ADAPTER_ARTIFACT: adapter_dir}, config)
     from sparktune.model_safety import check_model_tree, local_model_dir
 
     local = local_model_dir(uri)

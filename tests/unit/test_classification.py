@@ -58,12 +58,13 @@ def client(root):
     return MlflowClient(tracking_uri=tiny_model.tracking_uri(root))
 
 
-def _load(root: Path, model_uri: str, return_type: str = "components"):
+def _load(root: Path, model_uri: str):
+    """The logged model as users load it (``mlflow.pyfunc.load_model``)."""
     import mlflow
     from sparktune.training import using_tracking_uri
 
     with using_tracking_uri(tiny_model.tracking_uri(root)):
-        return mlflow.transformers.load_model(model_uri, return_type=return_type)
+        return mlflow.pyfunc.load_model(model_uri)
 
 
 def test_packing_is_rejected_for_sequence_classification():
@@ -116,10 +117,10 @@ def test_logged_model_is_a_text_classifier_that_reproduces_the_logits(root, lora
 
     with using_tracking_uri(tiny_model.tracking_uri(root)):
         info = mlflow.models.get_model_info(lora_run.model_uri)
-    assert info.flavors["transformers"]["task"] == "text-classification"
+    assert info.flavors["python_function"]["config"]["task"] == "sequence_classification"
 
-    components = _load(root, lora_run.model_uri)
-    model, tokenizer = components["model"], components["tokenizer"]
+    loaded = _load(root, lora_run.model_uri).unwrap_python_model()
+    model, tokenizer = loaded.model, loaded.tokenizer
     assert type(model).__name__ == "LlamaForSequenceClassification"
     assert model.config.id2label == dict(enumerate(tiny_model.LABELS))
     assert tokenizer.model_max_length == 128  # training's max_length, so evaluation truncates alike
@@ -141,22 +142,21 @@ def test_logged_model_is_a_text_classifier_that_reproduces_the_logits(root, lora
     assert adapter_config["task_type"] == "SEQ_CLS"
     assert "score" in (adapter_config["modules_to_save"] or [])
 
-    # The serving side: the flavour's text-classification pipeline answers with label names.
-    pipeline = _load(root, full_run.model_uri, return_type="pipeline")
+    # The serving side: the pyfunc answers with label names and their probabilities.
     rows = tiny_model.make_rows(8, 9)
-    answers = pipeline([row["text"] for row in rows])
-    assert {a["label"] for a in answers} <= set(tiny_model.LABELS)
-    assert (
-        sum(a["label"] == tiny_model.LABELS[row["label"]] for a, row in zip(answers, rows, strict=True)) >= 6
-    )
+    answers = _load(root, full_run.model_uri).predict([row["text"] for row in rows])
+    assert set(answers["prediction"]) <= set(tiny_model.LABELS)
+    assert answers["score"].between(0.25, 1.0).all()  # the arg max of four: at least a quarter
+    truth = [tiny_model.LABELS[row["label"]] for row in rows]
+    assert sum(a == t for a, t in zip(answers["prediction"], truth, strict=True)) >= 6
 
 
 def test_verification_compares_classification_logits(root, full_run):
     import torch
     from sparktune.training import ModelVerificationError, using_tracking_uri, verify_logged_model
 
-    components = _load(root, full_run.model_uri)
-    model, tokenizer = components["model"], components["tokenizer"]
+    loaded = _load(root, full_run.model_uri).unwrap_python_model()
+    model, tokenizer = loaded.model, loaded.tokenizer
     texts = [row["text"] for row in tiny_model.make_rows(3, 5)]
     with torch.no_grad():
         model.score.weight.add_(0.05)
@@ -188,10 +188,10 @@ def test_evaluate_model_scores_the_classifier(root, lora_run, full_run, tmp_path
     assert val.eval_loss == pytest.approx(full_run.val_loss, abs=1e-4)
 
     # A save_pretrained folder of a classifier is told apart by its config, too.
-    components = _load(root, full_run.model_uri)
+    loaded = _load(root, full_run.model_uri).unwrap_python_model()
     folder = tmp_path / "classifier"
-    components["model"].save_pretrained(str(folder))
-    components["tokenizer"].save_pretrained(str(folder))
+    loaded.model.save_pretrained(str(folder))
+    loaded.tokenizer.save_pretrained(str(folder))
     local = evaluate_model(str(folder), str(root / "data"), batch_size=16)
     assert local.confusion == full.confusion
 
@@ -251,7 +251,7 @@ def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
     result = train(request)
     assert result.global_steps == 16  # 256 rows / batch 16, from the footers
     assert result.train_loss < result.initial_loss
-    model = _load(root, result.model_uri)["model"]
+    model = _load(root, result.model_uri).unwrap_python_model().model
     # The sorted distinct labels: the order prepare_data reports and materialize types as ClassLabel.
     assert list(model.config.id2label.values()) == sorted(tiny_model.LABELS)
     evaluated = evaluate_model(result.model_uri, str(prepared), tracking_uri=tiny_model.tracking_uri(root))
@@ -267,7 +267,8 @@ def test_the_classification_adapter_serves_label_names_as_a_pyfunc(root, lora_ru
         served = mlflow.pyfunc.load_model(lora_run.adapter_model_uri)
         rows = tiny_model.make_rows(8, 9)
         answers = served.predict([row["text"] for row in rows])
-        merged = _load(root, lora_run.model_uri, return_type="pipeline")
-    assert set(answers) <= set(tiny_model.LABELS)
+    merged = _load(root, lora_run.model_uri).predict([row["text"] for row in rows])
+    assert set(answers["prediction"]) <= set(tiny_model.LABELS)
     # The adapter over its base and the merged model are the same weights: the same answers.
-    assert answers == [a["label"] for a in merged([row["text"] for row in rows])]
+    assert answers["prediction"].tolist() == merged["prediction"].tolist()
+    assert answers["score"].tolist() == pytest.approx(merged["score"].tolist(), abs=1e-4)

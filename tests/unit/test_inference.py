@@ -121,9 +121,11 @@ def test_predictions_are_labels_and_mostly_right(scored, rows):
 
 def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
     """Length sorting and batching restore row identity: each row scores as it does alone."""
-    from sparktune.inference import load_cached, score_texts
+    from sparktune.inference import load_cached
+    from sparktune.label_scoring import score_texts
 
-    model, tokenizer = load_cached(model_ref.local_path)
+    loaded = load_cached(model_ref)
+    model, tokenizer = loaded.model, loaded.tokenizer
     texts = [r["text"] for r in rows[:6]]
     alone = [score_texts(model, tokenizer, [t], model_ref, 1) for t in texts]
     by_id = scored.set_index("id")
@@ -133,10 +135,9 @@ def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
 
 
 def _completion_loss_scores(model, tokenizer, texts, ref):
-    """The reference: every prompt x candidate scored by evaluation.completion_loss, one pass each."""
+    """The reference: every prompt x candidate scored by label_scoring.completion_loss, one pass each."""
     import torch
-    from sparktune.evaluation import completion_loss
-    from sparktune.prepare import format_example
+    from sparktune.label_scoring import completion_loss, format_example
 
     prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
     completions = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
@@ -161,17 +162,19 @@ def _mixed_length_texts(rows):
 
 def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypatch):
     """One pass over the prompts + one over the candidates (KV cache reused) = completion_loss."""
-    import sparktune.evaluation
-    from sparktune.inference import load_cached, score_texts
+    import sparktune.label_scoring
+    from sparktune.inference import load_cached
+    from sparktune.label_scoring import score_texts
 
-    model, tokenizer = load_cached(model_ref.local_path)
+    loaded = load_cached(model_ref)
+    model, tokenizer = loaded.model, loaded.tokenizer
     texts = _mixed_length_texts(rows)
     expected = _completion_loss_scores(model, tokenizer, texts, model_ref)
 
     def no_fallback(*args, **kwargs):
         raise AssertionError("every prompt here should be scored through its KV cache")
 
-    monkeypatch.setattr(sparktune.evaluation, "completion_loss", no_fallback)
+    monkeypatch.setattr(sparktune.label_scoring, "completion_loss", no_fallback)
     predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=len(texts))
     assert predictions == expected[0]
     assert scores == pytest.approx(expected[1], abs=1e-4)
@@ -188,21 +191,23 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
     through the cache, and the batch comes back in order."""
     import dataclasses
 
-    import sparktune.evaluation
-    from sparktune.inference import load_cached, score_texts
+    import sparktune.label_scoring
+    from sparktune.inference import load_cached
+    from sparktune.label_scoring import score_texts
 
-    model, tokenizer = load_cached(model_ref.local_path)
+    loaded = load_cached(model_ref)
+    model, tokenizer = loaded.model, loaded.tokenizer
     ref = dataclasses.replace(model_ref, prompt_template="{text}{label}")
     texts = _mixed_length_texts(rows) + [r["text"] for r in rows[:6]]
     expected = _completion_loss_scores(model, tokenizer, texts, ref)
     calls = []
-    original = sparktune.evaluation.completion_loss
+    original = sparktune.label_scoring.completion_loss
 
     def counting(model, tokenizer, prompts, completions, batch_size):
         calls.append(len(prompts) // len(ref.labels))
         return original(model, tokenizer, prompts, completions, batch_size)
 
-    monkeypatch.setattr(sparktune.evaluation, "completion_loss", counting)
+    monkeypatch.setattr(sparktune.label_scoring, "completion_loss", counting)
     predictions, scores = score_texts(model, tokenizer, texts, ref, batch_size=len(texts))
     assert 0 < sum(calls) < len(texts)  # both paths in one batch
     assert predictions == expected[0]
@@ -212,12 +217,14 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
 def test_a_cache_that_cannot_be_reused_falls_back_to_completion_loss(model_ref, rows, monkeypatch):
     """A model whose cache holds recurrent state (or a short sliding window) is scored as before."""
     import sparktune.inference
-    from sparktune.inference import load_cached, score_texts
+    from sparktune.inference import load_cached
+    from sparktune.label_scoring import score_texts
 
-    model, tokenizer = load_cached(model_ref.local_path)
+    loaded = load_cached(model_ref)
+    model, tokenizer = loaded.model, loaded.tokenizer
     texts = _mixed_length_texts(rows)
     expected = _completion_loss_scores(model, tokenizer, texts, model_ref)
-    monkeypatch.setattr(sparktune.inference, "_cache_reusable", lambda cache, length: False)
+    monkeypatch.setattr(sparktune.label_scoring, "_cache_reusable", lambda cache, length: False)
     predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=4)
     assert predictions == expected[0]
     assert scores == pytest.approx(expected[1], abs=1e-4)

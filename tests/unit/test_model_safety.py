@@ -138,7 +138,7 @@ def test_an_adapter_with_only_adapter_model_bin_is_refused_by_the_served_pyfunc(
     import torch
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
-    from sparktune import adapter_pyfunc
+    from sparktune import label_pyfunc, label_scoring
     from sparktune.model_safety import UnsafeModelError, load_adapter
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -152,10 +152,16 @@ def test_an_adapter_with_only_adapter_model_bin_is_refused_by_the_served_pyfunc(
     (adapter / "adapter_model.safetensors").unlink()
 
     context = SimpleNamespace(
-        model_config={"base_model": str(base), "task": "causal_lm"}, artifacts={"adapter": str(adapter)}
+        model_config={
+            "base_model": str(base),
+            "task": "causal_lm",
+            "labels": ["a", "b"],
+            "prompt_template": "{text} {label}",
+        },
+        artifacts={"adapter": str(adapter), "scoring_code": label_scoring.__file__},
     )
     with pytest.raises(ValueError, match="adapter_model.safetensors"):
-        adapter_pyfunc.AdapterModel().load_context(context)
+        label_pyfunc.LabelModel().load_context(context)
     with pytest.raises(UnsafeModelError, match=r"adapter_model\.bin.*convert the weights to safetensors"):
         load_adapter(AutoModelForCausalLM.from_pretrained(str(base)), adapter)
 
@@ -227,18 +233,15 @@ def test_an_mlflow_model_of_a_custom_class_is_refused_before_mlflow_runs_its_cod
 def test_an_mlflow_model_saved_by_the_project_holds_safetensors_only(base, tmp_path):
     import mlflow
     from sparktune.model_safety import check_model_tree
+    from sparktune.training import label_model_kwargs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    merged = tmp_path / "merged"
+    AutoModelForCausalLM.from_pretrained(str(base)).save_pretrained(str(merged), safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(base)).save_pretrained(str(merged))
     saved = tmp_path / "mlflow-model"
-    mlflow.transformers.save_model(
-        transformers_model={
-            "model": AutoModelForCausalLM.from_pretrained(str(base)),
-            "tokenizer": AutoTokenizer.from_pretrained(str(base)),
-        },
-        path=str(saved),
-        task="text-generation",
-        pip_requirements=[],
-    )
-    weights = {p.name for p in (saved / "model").iterdir()}
+    config = {"task": "causal_lm", "labels": ["a", "b"], "prompt_template": "{text} {label}"}
+    mlflow.pyfunc.save_model(path=str(saved), **label_model_kwargs({"model": merged}, config))
+    weights = {p.name for p in (saved / "artifacts" / "merged").iterdir()}
     assert "model.safetensors" in weights and not any(n.endswith((".bin", ".pt", ".pth")) for n in weights)
     check_model_tree(saved, trust_remote_code=False)

@@ -14,24 +14,6 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
-def test_answers_of_every_flavour_become_one_string_per_row():
-    import pandas as pd
-    from sparktune.smoke import answers_as_text, label_of
-
-    assert answers_as_text(["a", "b"]) == ["a", "b"]
-    assert answers_as_text(pd.DataFrame({"label": ["x", "y"], "score": [0.9, 0.8]})) == ["x", "y"]
-    assert answers_as_text(pd.DataFrame({0: ["gen one"]})) == ["gen one"]
-    labels = ["billing", "login"]
-    assert label_of(" billing", "prompt", labels) == "billing"
-    assert label_of("prompt billing extra", "prompt", labels) == "billing"  # the prompt echoed back
-    assert label_of("nonsense", "prompt", labels) is None
-    assert label_of("", "prompt", labels) is None
-    # The echoed prompt does not come back byte for byte (decomposed ë): found by its end.
-    prompt = "Best, Zo\u00eb [/INST]"
-    assert label_of("Best, Zoe\u0308 [/INST] login", prompt, labels) == "login"
-    assert label_of("Best,  Zo? [/INST] billing", prompt, labels) == "billing"
-
-
 def test_the_share_of_answers_outside_the_labels_is_a_threshold():
     from sparktune.smoke import smoke_passed
 
@@ -59,39 +41,42 @@ def test_a_trained_model_passes_and_its_latency_is_recorded(root):
 
 
 def test_answers_outside_the_label_set_fail_the_smoke_test_with_examples(root, tmp_path, monkeypatch):
+    """A model whose logged scoring answers something that is no label stops before champion: the
+    trained weights, logged with a scoring module broken to answer "no_such_label" for every text."""
+    import inspect
     import json
 
-    from datasets import ClassLabel, load_from_disk
+    import mlflow
+    from sparktune import label_scoring
+    from sparktune.model_safety import local_model_dir
     from sparktune.smoke import main
-    from sparktune.training import using_tracking_uri
+    from sparktune.training import label_model_kwargs, using_tracking_uri
 
     full = tiny_model.trained(root, "full")
     # main() configures the process as a CLI does and turns MLflow's progress bars off in the
     # environment (if unset): set here, so that monkeypatch takes it back after the test.
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    # The same rows under label names the model never learned: every answer is "no label".
-    dataset = load_from_disk(str(root / "data"))
-    renamed = ClassLabel(names=[f"other_{name}" for name in dataset["validation"].features["label"].names])
-    dataset["validation"].cast_column("label", renamed).select(range(4)).save_to_disk(
-        str(tmp_path / "renamed" / "validation")
-    )
-    (tmp_path / "renamed" / "dataset_dict.json").write_text(json.dumps({"splits": ["validation"]}))
-    output = tmp_path / "smoke.json"
     with using_tracking_uri(tiny_model.tracking_uri(root)):
-        code = main(
-            [
-                "--model-uri",
-                full.model_uri,
-                "--dataset-path",
-                str(tmp_path / "renamed"),
-                "--split",
-                "validation",
-                "--rows",
-                "4",
-                "--output",
-                str(output),
-            ]
-        )
+        logged = local_model_dir(full.model_uri)
+    source = inspect.getsource(label_scoring)
+    answer = "return [spec.labels[int(i)] for i in best]"
+    assert answer in source
+    broken = tmp_path / "label_scoring.py"
+    broken.write_text(source.replace(answer, 'return ["no_such_label" for _ in best]'))
+    config = dict(mlflow.models.Model.load(str(logged)).flavors["python_function"]["config"])
+    kwargs = label_model_kwargs({"model": logged / "artifacts" / "merged"}, config)
+    kwargs["artifacts"]["scoring_code"] = str(broken)
+    saved = tmp_path / "broken-model"
+    mlflow.pyfunc.save_model(path=str(saved), **kwargs)
+
+    output = tmp_path / "smoke.json"
+    code = main(
+        [
+            *("--model-uri", str(saved), "--dataset-path", str(root / "data")),
+            *("--split", "validation", "--rows", "4", "--output", str(output)),
+        ]
+    )
     assert code == 2
     written = json.loads(output.read_text())
-    assert not written["passed"] and written["n_bad"] == 4 and written["bad_answers"]
+    assert not written["passed"] and written["n_bad"] == 4
+    assert "'no_such_label'" in written["bad_answers"][0][1] and "not a label" in written["bad_answers"][0][1]

@@ -95,7 +95,7 @@ def test_logged_model_is_merged_onto_the_base_weights(root, lora_run):
 
     base = AutoModelForCausalLM.from_pretrained(str(root / "model")).state_dict()
     with using_tracking_uri(tiny_model.tracking_uri(root)):
-        logged = mlflow.transformers.load_model(lora_run.model_uri, return_type="components")["model"]
+        logged = mlflow.pyfunc.load_model(lora_run.model_uri).unwrap_python_model().model
     weights = logged.state_dict()
     assert not any("lora" in name for name in weights)
     # Untouched modules keep the base weights (not re-initialised, the PeftModel pitfall) ...
@@ -144,8 +144,8 @@ def test_verification_catches_a_model_that_does_not_match(root, full_run):
 
     texts = [row["prompt"] + row["completion"] for row in tiny_model.make_rows(3, 5)]
     with using_tracking_uri(tiny_model.tracking_uri(root)):
-        components = mlflow.transformers.load_model(full_run.model_uri, return_type="components")
-        model, tokenizer = components["model"], components["tokenizer"]
+        loaded = mlflow.pyfunc.load_model(full_run.model_uri).unwrap_python_model()
+        model, tokenizer = loaded.model, loaded.tokenizer
         assert verify_logged_model(full_run.model_uri, model, tokenizer, texts) < 1e-4
         with torch.no_grad():
             model.model.layers[1].self_attn.v_proj.weight.add_(0.05)
@@ -255,15 +255,20 @@ def test_the_adapter_is_a_pyfunc_model_that_serves_over_its_base(root, lora_run,
     metrics = client.get_run(lora_run.mlflow_run_id).data.metrics
     assert metrics["adapter_model_max_logit_diff"] < 1e-4
     # Loaded the way a user would, with nothing but MLflow: the model's code travels with it.
+    texts = [row["text"] for row in _validation_rows(root, 8)]
     with mlflow_tracking(tiny_model.tracking_uri(root)):
         served = mlflow.pyfunc.load_model(lora_run.adapter_model_uri)
-        prompts = [row["prompt"] for row in _validation_rows(root, 8)]
-        answers = served.predict(prompts, params={"max_new_tokens": 4})
+        answers = served.predict(texts, params={"batch_size": 4})
+        merged = mlflow.pyfunc.load_model(lora_run.model_uri).predict(texts)
     assert [t.name for t in served.metadata.get_input_schema().input_types()] == ["string"]
-    assert len(answers) == 8 and all(isinstance(a, str) for a in answers)
-    # The trained adapter answers with the labels it learned.
+    assert list(answers.columns) == ["prediction", "score"] and len(answers) == 8
+    assert answers["score"].between(0.0, 1.0).all()
+    # The trained adapter answers with the labels it learned ...
     labels = [row["completion"].strip() for row in _validation_rows(root, 8)]
-    assert sum(bool(a) and a.split()[0] == label for a, label in zip(answers, labels, strict=True)) >= 4
+    assert sum(a == label for a, label in zip(answers["prediction"], labels, strict=True)) >= 4
+    # ... and, over its base, as the merged model does: the same weights.
+    assert answers["prediction"].tolist() == merged["prediction"].tolist()
+    assert answers["score"].tolist() == pytest.approx(merged["score"].tolist(), abs=1e-4)
     assert full_run.adapter_model_uri == ""  # full fine-tuning has no adapter
 
 
