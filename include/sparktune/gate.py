@@ -3,22 +3,41 @@
 ``enabled`` blocks promotion when a rule fails; ``dry_run`` records what it would have decided
 and promotes anyway (to watch a new rule before trusting it); ``disabled`` promotes without
 evaluating anything and says so.
+
+The accuracy rules account for the test split's size: ``min_accuracy`` holds the challenger's
+accuracy interval's *lower bound* to the threshold, and ``max_regression`` the lower bound of the
+paired interval of the accuracy difference to the champion (:mod:`sparktune.comparison`). A
+challenger then passes when the test rows show that it meets the rule, not when a lucky split
+puts its point estimate above the line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from sparktune.evaluation import CONFIDENCE
 from sparktune.params import PipelineParams
 
+if TYPE_CHECKING:
+    from sparktune.comparison import PairedComparison
+
 MODES = ("enabled", "dry_run", "disabled")
+RECALL_PREFIX = "eval_recall_"
+# A recall cannot drop by more than 1: at 1 the per-class rule could never fail, so it is off.
+CLASS_REGRESSION_OFF = 1.0
+# Recalls are ratios of counts; a drop equal to the threshold must not fail on a rounding error.
+_TOLERANCE = 1e-9
+# How many of the classes that lost most a per-class reason names.
+_WORST_CLASSES_SHOWN = 3
 
 
 @dataclass(frozen=True)
 class GateRule:
     name: str
     metric: str
-    kind: str  # "min" | "max" | "max_regression"
+    kind: str  # "min_lower_bound" | "max" | "max_regression" | "max_class_regression"
     threshold: float
     description: str
 
@@ -36,13 +55,13 @@ class GateDecision:
 
 
 def gate_rules(params: PipelineParams) -> list[GateRule]:
-    return [
+    rules = [
         GateRule(
             "min_accuracy",
             "eval_accuracy",
-            "min",
+            "min_lower_bound",
             params.min_accuracy,
-            "challenger test accuracy at least the threshold",
+            "the lower bound of the challenger's test accuracy interval at least the threshold",
         ),
         GateRule(
             "max_eval_loss",
@@ -56,60 +75,198 @@ def gate_rules(params: PipelineParams) -> list[GateRule]:
             "eval_accuracy",
             "max_regression",
             params.max_regression,
-            "challenger accuracy trails the champion's by at most the threshold",
+            "the lower bound of the paired interval of (challenger - champion) accuracy at least "
+            "minus the threshold",
         ),
     ]
+    if params.max_class_regression < CLASS_REGRESSION_OFF:
+        rules.append(
+            GateRule(
+                "max_class_regression",
+                RECALL_PREFIX,
+                "max_class_regression",
+                params.max_class_regression,
+                "no class's test recall more than the threshold below the champion's",
+            )
+        )
+    return rules
 
 
-def _check(
-    rule: GateRule, challenger: dict[str, float], champion: dict[str, float] | None
-) -> tuple[bool, str]:
-    value = challenger.get(rule.metric)
+@dataclass(frozen=True)
+class _Evidence:
+    """What the rules are checked against."""
+
+    challenger: Mapping[str, float]
+    champion: Mapping[str, float] | None
+    comparison: PairedComparison | None
+    champion_name: str  # "champion v3", for the reasons
+
+
+def _verdict(ok: bool) -> str:
+    return "pass" if ok else "FAIL"
+
+
+def _min_lower_bound(rule: GateRule, value: float, evidence: _Evidence) -> tuple[bool, str]:
+    low = evidence.challenger.get(f"{rule.metric}_ci_low")
+    high = evidence.challenger.get(f"{rule.metric}_ci_high")
+    if low is None or high is None:  # evaluated with bootstrap_resamples=0
+        ok = value >= rule.threshold
+        return ok, (
+            f"{rule.name}: {_verdict(ok)}, {rule.metric} {value:.3f} {'>=' if ok else '<'} "
+            f"{rule.threshold:.3f} (point estimate: the evaluation has no confidence interval)"
+        )
+    ok = low >= rule.threshold
+    # evaluate_model's intervals are at CONFIDENCE; the flat metrics carry only their bounds.
+    interval = f"[{CONFIDENCE:.0%} CI {low:.3f}, {high:.3f}]"
+    return ok, (
+        f"{rule.name}: {_verdict(ok)}, {rule.metric} {value:.3f} {interval}: "
+        f"lower bound {low:.3f} {'>=' if ok else '<'} {rule.threshold:.3f}"
+    )
+
+
+def _max(rule: GateRule, value: float) -> tuple[bool, str]:
+    ok = value <= rule.threshold
+    return ok, f"{rule.name}: {_verdict(ok)}, {rule.metric} {value:.4f} <= {rule.threshold:.4f}"
+
+
+def _difference_text(name: str, evidence: _Evidence) -> str:
+    """``accuracy vs champion v3: +0.012 [95% CI -0.008, +0.031]`` from the paired comparison."""
+    assert evidence.comparison is not None
+    diff = evidence.comparison.differences()[name]
+    return (
+        f"{name} vs {evidence.champion_name}: {diff.difference:+.3f} "
+        f"[{evidence.comparison.confidence:.0%} CI {diff.ci_low:+.3f}, {diff.ci_high:+.3f}]"
+    )
+
+
+def _max_regression(rule: GateRule, value: float, evidence: _Evidence) -> tuple[bool, str]:
+    if evidence.champion is None:
+        return True, f"{rule.name}: pass, no champion to compare against"
+    if evidence.comparison is None:
+        reference = evidence.champion.get(rule.metric)
+        if reference is None:
+            return True, f"{rule.name}: pass, the champion has no {rule.metric} to compare against"
+        ok = value >= reference - rule.threshold
+        return ok, (
+            f"{rule.name}: {_verdict(ok)}, {rule.metric} {value:.3f} vs {evidence.champion_name} "
+            f"{reference:.3f}, allowed drop {rule.threshold:.3f} (point estimates: no paired comparison)"
+        )
+    name = rule.metric.removeprefix("eval_")
+    low = evidence.comparison.differences()[name].ci_low
+    ok = low >= -rule.threshold - _TOLERANCE
+    reason = (
+        f"{rule.name}: {_verdict(ok)}, {_difference_text(name, evidence)}, allowed drop {rule.threshold:.3f}"
+    )
+    if not ok:
+        reason += f": the drop may be as large as {-low:.3f}"
+    return ok, reason
+
+
+def _recalls(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k.removeprefix(RECALL_PREFIX): v for k, v in metrics.items() if k.startswith(RECALL_PREFIX)}
+
+
+def _max_class_regression(rule: GateRule, evidence: _Evidence) -> tuple[bool, str]:
+    challenger = _recalls(evidence.challenger)
+    if not challenger:
+        return False, f"{rule.name}: FAIL, the challenger has no per-class recall ({RECALL_PREFIX}*) metrics"
+    if evidence.champion is None:
+        return True, f"{rule.name}: pass, no champion to compare against"
+    champion = _recalls(evidence.champion)
+    common = set(champion) & set(challenger)
+    # Largest drop first; ties by class name, so the reason reads the same every time.
+    drops = sorted(((champion[c] - challenger[c], c) for c in common), key=lambda d: (-d[0], d[1]))
+    if not drops:
+        return True, f"{rule.name}: pass, the champion has no per-class recall to compare against"
+    over = [c for drop, c in drops if drop > rule.threshold + _TOLERANCE]
+    worst = [(drop, c) for drop, c in drops if drop > 0][: max(_WORST_CLASSES_SHOWN, len(over))]
+    listed = ", ".join(f"{c} {champion[c]:.3f} -> {challenger[c]:.3f} ({-drop:+.3f})" for drop, c in worst)
+    if over:
+        return False, (
+            f"{rule.name}: FAIL, recall fell by more than {rule.threshold:.3f} vs {evidence.champion_name} "
+            f"for {len(over)} of {len(drops)} classes; fell most: {listed}"
+        )
+    if not worst:
+        return True, (
+            f"{rule.name}: pass, no class's recall fell vs {evidence.champion_name}, "
+            f"allowed drop {rule.threshold:.3f}"
+        )
+    return True, (
+        f"{rule.name}: pass, recall vs {evidence.champion_name} fell most for {listed}; "
+        f"allowed drop {rule.threshold:.3f}"
+    )
+
+
+def _check(rule: GateRule, evidence: _Evidence) -> tuple[bool, str]:
+    if rule.kind == "max_class_regression":
+        return _max_class_regression(rule, evidence)
+    value = evidence.challenger.get(rule.metric)
     if value is None:
         return False, f"{rule.name}: FAIL, the challenger has no {rule.metric} metric"
-    if rule.kind == "min":
-        ok = value >= rule.threshold
-        return (
-            ok,
-            f"{rule.name}: {'pass' if ok else 'FAIL'}, {rule.metric} {value:.4f} >= {rule.threshold:.4f}",
-        )
+    if rule.kind == "min_lower_bound":
+        return _min_lower_bound(rule, value, evidence)
     if rule.kind == "max":
-        ok = value <= rule.threshold
-        return (
-            ok,
-            f"{rule.name}: {'pass' if ok else 'FAIL'}, {rule.metric} {value:.4f} <= {rule.threshold:.4f}",
-        )
-    if champion is None or champion.get(rule.metric) is None:
-        return True, f"{rule.name}: pass, no champion to compare against"
-    reference = champion[rule.metric]
-    ok = value >= reference - rule.threshold
-    return ok, (
-        f"{rule.name}: {'pass' if ok else 'FAIL'}, {rule.metric} {value:.4f} vs champion {reference:.4f} "
-        f"(allowed drop {rule.threshold:.4f})"
-    )
+        return _max(rule, value)
+    if rule.kind == "max_regression":
+        return _max_regression(rule, value, evidence)
+    raise ValueError(f"gate rule {rule.name!r} has an unknown kind {rule.kind!r}")
 
 
 def decide(
     rules: list[GateRule],
-    challenger: dict[str, float],
-    champion: dict[str, float] | None,
+    challenger: Mapping[str, float],
+    champion: Mapping[str, float] | None,
     mode: str,
+    *,
+    comparison: PairedComparison | None = None,
+    champion_version: str | None = None,
 ) -> GateDecision:
-    """Evaluate every rule (never stopping at the first failure) and decide under ``mode``."""
+    """Evaluate every rule (never stopping at the first failure) and decide under ``mode``.
+
+    ``challenger`` and ``champion`` are flat evaluation metrics (``EvalResult.metrics()``; the
+    champion's None when there is none); ``comparison`` is the paired comparison of the two on the
+    same rows (without it, ``max_regression`` falls back to point estimates and says so).
+    """
     if mode not in MODES:
         raise ValueError(f"gate mode {mode!r} is not one of {', '.join(MODES)}")
     if mode == "disabled":
         return GateDecision(mode, True, True, ["gate disabled: promoted without evaluating rules"], [])
+    evidence = _Evidence(
+        challenger,
+        champion,
+        comparison if champion is not None else None,
+        f"champion v{champion_version}" if champion_version else "champion",
+    )
     reasons, failed = [], []
     for rule in rules:
-        ok, reason = _check(rule, challenger, champion)
+        ok, reason = _check(rule, evidence)
         reasons.append(reason)
         if not ok:
             failed.append(rule.name)
+    if evidence.comparison is not None:
+        # No rule reads macro F1 (yet); its paired difference is shown so a drop there is seen.
+        reasons.append(f"macro_f1 (information, no rule): {_difference_text('macro_f1', evidence)}")
     passed = not failed
     if mode == "dry_run" and not passed:
         reasons.append("dry_run: rules failed but promotion goes ahead")
     return GateDecision(mode, passed, passed or mode == "dry_run", reasons, failed)
+
+
+def blocked_promotion_lines(summary: Mapping[str, Any]) -> list[str]:
+    """What the end of a run says when its gate blocked promotion (``enabled`` mode, a rule failed):
+    the failed rules' reasons, then ``gate blocked promotion of NAME vN: rule, rule``.
+
+    ``summary`` is what the gate task returned (``GateDecision.to_summary()`` plus the model name
+    and version); empty when the gate did not block (it passed, or ran in ``dry_run`` or
+    ``disabled`` mode).
+    """
+    if summary.get("mode", "enabled") != "enabled" or summary.get("promote", True):
+        return []
+    name, version = summary.get("model_name"), summary.get("challenger_version")
+    subject = f"{name or 'the challenger'}{f' v{version}' if version else ''}"
+    failed = ", ".join(summary.get("failed_rules") or []) or "unknown rules"
+    failures = [f"gate: {r}" for r in summary.get("reasons") or [] if ": FAIL" in r]
+    return [*failures, f"gate blocked promotion of {subject}: {failed}"]
 
 
 def promotion_reason(decision: dict, actor: str) -> str:

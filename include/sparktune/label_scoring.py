@@ -11,7 +11,7 @@ built it, plus eos) gets the summed log-likelihood :func:`completion_loss` gives
 prediction is the candidate with the highest; ``score`` is its probability after a softmax over
 the candidates. It never answers outside the label set, and its score is a real probability, where
 greedy generation can produce text that is no label and says nothing of its confidence (see
-docs/decisions/0006-one-prediction-path.md). A batch runs its prompts through the model once and
+docs/decisions/0005-one-prediction-path.md). A batch runs its prompts through the model once and
 reuses their KV cache for every candidate's tokens; prompts that fast path cannot score exactly (a
 tokenizer merging the prompt's end with a label, a recurrent or short sliding-window cache) go
 through :func:`completion_loss` itself. A sequence classifier predicts the argmax of its head

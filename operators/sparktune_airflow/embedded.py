@@ -10,6 +10,10 @@ environment a DAG sees in CI is the one a user sees on their laptop:
 
 Every variable is only a default: a value already in the environment wins, which is how a
 user points the same command at a Spark cluster or an MLflow server.
+
+``run`` exits 0 when the DAG run succeeded, 1 when it failed, and 3 when it succeeded but its
+promotion gate blocked the challenger (``enabled`` mode; the last line names the model version
+and the failed rules).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from sparktune.config import HOME_ENV, Settings
 from sparktune.params import TINY_MODEL_RECIPE
@@ -130,11 +136,140 @@ def ensure_airflow_db(env: dict[str, str]) -> None:
         stamp.write_text(key)
 
 
+# llm_finetune's PromotionGateOperator (tests/dags checks the id); other DAGs have no such task.
+GATE_TASK_ID = "gate"
+# The run succeeded (promotion skipped, as Airflow should) but the gate blocked promotion: what a
+# script needs to tell apart from both "promoted" (0) and "the run failed" (1).
+GATE_BLOCKED_EXIT_CODE = 3
+
+
+def metadata_db_url(env: Mapping[str, str]) -> str | None:
+    """The SQLAlchemy URL of Airflow's metadata database under ``env``, as Airflow resolves it:
+    ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``, else ``airflow.cfg``, else the SQLite file in
+    ``AIRFLOW_HOME``. None when a ``..._CMD`` or ``..._SECRET`` variable names it: only Airflow runs those."""
+    key = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+    if env.get(key):
+        return env[key]
+    if any(name.startswith(key) for name in env):
+        return None
+    home = Path(env["AIRFLOW_HOME"])
+    config = configparser.ConfigParser(interpolation=None, strict=False)
+    with contextlib.suppress(configparser.Error):
+        config.read(home / "airflow.cfg")
+    return config.get("database", "sql_alchemy_conn", fallback=None) or f"sqlite:///{home / 'airflow.db'}"
+
+
+def _tables():
+    from sqlalchemy import column, table
+
+    dag_run = table("dag_run", column("id"), column("dag_id"))
+    xcom = table(
+        "xcom", column("dag_run_id"), column("task_id"), column("map_index"), column("key"), column("value")
+    )
+    return dag_run, xcom
+
+
+def last_dag_run_id(db_url: str, dag_id: str) -> int:
+    """The newest DAG run's id of ``dag_id`` (0: none yet): runs after it are the ones started later."""
+    from sqlalchemy import create_engine, func, select
+
+    dag_run, _ = _tables()
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(select(func.max(dag_run.c.id)).where(dag_run.c.dag_id == dag_id)).scalar() or 0
+            )
+    finally:
+        engine.dispose()
+
+
+def gate_summary(db_url: str, dag_id: str, after_run_id: int) -> dict[str, Any] | None:
+    """What the gate task of the newest run of ``dag_id`` after ``after_run_id`` returned (its XCom);
+    None when no such run has one (another DAG, a run that skipped training or failed before)."""
+    from sqlalchemy import create_engine, select
+
+    dag_run, xcom = _tables()
+    query = (
+        select(xcom.c.value)
+        .select_from(xcom.join(dag_run, xcom.c.dag_run_id == dag_run.c.id))
+        .where(
+            dag_run.c.dag_id == dag_id,
+            dag_run.c.id > after_run_id,
+            xcom.c.task_id == GATE_TASK_ID,
+            xcom.c.map_index == -1,
+            xcom.c.key == "return_value",
+        )
+        .order_by(dag_run.c.id.desc())
+        .limit(1)
+    )
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            value = conn.execute(query).scalar()
+    finally:
+        engine.dispose()
+    if value is None:
+        return None
+    # A JSON column: text in SQLite, already decoded by PostgreSQL's driver.
+    summary = json.loads(value) if isinstance(value, str | bytes) else value
+    return summary if isinstance(summary, dict) else None
+
+
+def exit_code_after_run(run_exit_code: int, summary: Mapping[str, Any] | None) -> tuple[int, list[str]]:
+    """The runner's exit code and closing lines: a failed run keeps its code; a run whose gate
+    blocked promotion (``enabled`` mode) exits :data:`GATE_BLOCKED_EXIT_CODE`, its last line
+    ``gate blocked promotion of NAME vN: <failed rules>``."""
+    from sparktune.gate import blocked_promotion_lines
+
+    if run_exit_code != 0 or summary is None:
+        return run_exit_code, []
+    lines = blocked_promotion_lines(summary)
+    return (GATE_BLOCKED_EXIT_CODE, lines) if lines else (0, [])
+
+
 def run_dag(dag_id: str, conf: dict, home: Path) -> int:
-    """``airflow dags test`` on embedded defaults; returns its exit code (1 when the run failed)."""
+    """``airflow dags test`` on embedded defaults; returns its exit code (1 when the run failed), or
+    :data:`GATE_BLOCKED_EXIT_CODE` when the run succeeded but its gate blocked promotion.
+
+    The gate's decision is the gate task's XCom in Airflow's metadata database: the record of this
+    very DAG run (the MLflow tags the gate also sets live on a training run that a later DAG run
+    may reuse).
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
     env = embedded_env(home)
     ensure_airflow_db(env)
-    return _airflow(["dags", "test", dag_id, "--conf", json.dumps(conf)], env).returncode
+    db_url = metadata_db_url(env)
+    before = None
+    if db_url is not None:
+        try:
+            before = last_dag_run_id(db_url, dag_id)
+        except (SQLAlchemyError, ImportError) as exc:
+            _note_unread_gate(f"Airflow's metadata database is unreadable here ({exc})")
+    else:
+        _note_unread_gate("a _CMD or _SECRET variable names Airflow's metadata database")
+    code = _airflow(["dags", "test", dag_id, "--conf", json.dumps(conf)], env).returncode
+    if code != 0 or before is None or db_url is None:
+        return code
+    try:
+        summary = gate_summary(db_url, dag_id, before)
+    except (SQLAlchemyError, ImportError) as exc:
+        _note_unread_gate(f"reading the gate's XCom failed ({exc})")
+        return code
+    code, lines = exit_code_after_run(code, summary)
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _note_unread_gate(cause: str) -> None:
+    print(
+        f"note: {cause}; the exit code will say whether the run failed, not whether its gate blocked "
+        "promotion (read the gate task's XCom, or the MLflow run's sparktune.gate.decision tag).",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

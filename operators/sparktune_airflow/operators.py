@@ -25,6 +25,7 @@ from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperat
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
+from airflow.sdk.bases.xcom import BaseXCom
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
 from sparktune.fingerprint import files_signature, list_source_files
@@ -983,13 +984,16 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
 class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     """Challenger and current champion on the same frozen test split; metrics to the challenger's run.
 
-    Returns both models' flat metrics and versions (the champion's are None when there is none).
+    Returns both models' flat metrics and versions, and the paired comparison of the two on the same
+    rows (differences of accuracy and macro F1 with their bootstrap intervals); the champion's
+    metrics and the comparison are None when there is no champion.
 
     :param model_name: (templated) the registered model name; its ``champion`` alias is the baseline.
     :param version: (templated) the challenger's version.
     :param dataset_uri: (templated) the ``DatasetDict`` whose ``test`` split both are scored on.
     :param run_id: (templated) the MLflow run that receives the metrics (the champion's prefixed
-        ``champion_``), the result JSONs and confusion matrices under ``evaluation/``.
+        ``champion_``, the paired differences ``vs_champion_``), the result JSONs and confusion
+        matrices under ``evaluation/``.
     :param pipeline_params: (templated) ``trust_remote_code``; default (None): the DAG run's params
         (none there: False, a model shipping its own code is refused).
     """
@@ -1016,20 +1020,25 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
 
     def _evaluate(self, model_uri: str, work: Path, label: str) -> tuple[dict[str, float], list[Path]]:
         """Flat metrics (with the 95% bootstrap intervals) and the files for the run's ``evaluation/``
-        folder: the result JSON (per-example outcomes included) and the confusion matrix PNG."""
+        folder: the result JSON (per-example outcomes included; first), the per-row predictions CSV
+        (``example_id, label, prediction, score``: what the served model answers) and the confusion
+        matrix PNG."""
         output = work / f"eval_{label}.json"
+        predictions = work / ("predictions.csv" if label == "challenger" else f"{label}_predictions.csv")
         figure = work / ("confusion_matrix.png" if label == "challenger" else f"{label}_confusion_matrix.png")
         result = _run_module(
             "sparktune.evaluation",
             *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--split", "test"),
             *("--output", str(output), "--confusion-matrix", str(figure)),
+            *("--predictions", str(predictions)),
             *("--trust-remote-code", "true" if self._trust else "false"),
         )
         # Exit 2 (a refused model, an unusable dataset) fails at once: a retry would refuse it again.
         _raise_for_exit_code(f"evaluating {model_uri}", result.exit_code, result.output)
-        return json.loads(output.read_text())["metrics"], [output, figure]
+        return json.loads(output.read_text())["metrics"], [output, predictions, figure]
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.comparison import ComparisonInputError, compare_result_files
         from sparktune.registry import CHAMPION, alias_version
 
         client = _mlflow_client()
@@ -1037,11 +1046,15 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         self._trust = _trust_remote_code(self.pipeline_params, context)
         challenger, files = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
         champion_version = alias_version(client, self.model_name, CHAMPION)
-        champion = None
+        champion = comparison = None
         if champion_version is not None and champion_version != str(self.version):
             champion, champion_files = self._evaluate(
                 f"models:/{self.model_name}/{champion_version}", work, "champion"
             )
+            try:
+                comparison = compare_result_files(files[0], champion_files[0])
+            except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
+                raise AirflowFailException(str(exc)) from exc
             files += champion_files
         for name, value in challenger.items():
             client.log_metric(self.run_id, name, value)
@@ -1049,6 +1062,9 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         for name, value in (champion or {}).items():
             client.log_metric(self.run_id, f"champion_{name}", value)
             self.log.info("champion   v%s %-22s %.4f", champion_version, name, value)
+        for name, value in (comparison.metrics() if comparison else {}).items():
+            client.log_metric(self.run_id, name, value)
+            self.log.info("paired vs champion v%s %-30s %+.4f", champion_version, name, value)
         for name in ("eval_loss", "eval_accuracy", "eval_macro_f1"):
             if name in challenger:
                 client.set_model_version_tag(
@@ -1066,18 +1082,20 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             "champion_version": champion_version,
             "challenger": challenger,
             "champion": champion,
+            "comparison": comparison.to_summary() if comparison else None,
         }
 
 
 class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly).
 
-    Returns the decision, its reasons and the champion version it compared against.
+    Returns the decision, its reasons, the model name and challenger version, and the champion
+    version it compared against (``make run`` reads it to exit 3 when promotion was blocked).
 
     :param evaluation: (templated) what ``EvaluateModelOperator`` returned.
     :param run_id: (templated) the MLflow run tagged with the decision, mode and reasons.
     :param pipeline_params: (templated) ``gate_mode``, ``min_accuracy``, ``max_eval_loss``,
-        ``max_regression``; default (None): the DAG run's params.
+        ``max_regression``, ``max_class_regression``; default (None): the DAG run's params.
     """
 
     template_fields: Sequence[str] = ("evaluation", "run_id", "pipeline_params")
@@ -1096,12 +1114,19 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         self.pipeline_params = pipeline_params
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.comparison import PairedComparison
         from sparktune.gate import decide, gate_rules
 
         params = pipeline_params(self.pipeline_params, context)
         evaluation = self.evaluation
+        comparison = evaluation.get("comparison")
         decision = decide(
-            gate_rules(params), evaluation["challenger"], evaluation["champion"], params.gate_mode
+            gate_rules(params),
+            evaluation["challenger"],
+            evaluation["champion"],
+            params.gate_mode,
+            comparison=PairedComparison.from_summary(comparison) if comparison else None,
+            champion_version=evaluation["champion_version"],
         )
         for reason in decision.reasons:
             self.log.info("gate: %s", reason)
@@ -1114,9 +1139,18 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         client.set_model_version_tag(
             evaluation["model_name"], evaluation["challenger_version"], "gate_decision", verdict
         )
+        summary = {
+            **decision.to_summary(),
+            "model_name": evaluation["model_name"],
+            "challenger_version": evaluation["challenger_version"],
+            "champion_version": evaluation["champion_version"],
+        }
         if not decision.promote:
+            # Airflow 3's skip raises to end the task, so this return never happens: push it first,
+            # or a blocked decision (the one worth reading) would be the one missing from XCom.
+            context["ti"].xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=summary)
             skip_downstream(self, context)
-        return {**decision.to_summary(), "champion_version": evaluation["champion_version"]}
+        return summary
 
 
 class PromoteModelOperator(UsesMLflowConnection, BaseOperator):

@@ -81,6 +81,14 @@ def test_llm_finetune_order(dagbag):
     assert dag.max_active_runs == 1, "promotions of two runs must not interleave"
 
 
+def test_the_embedded_runner_reads_the_decision_of_llm_finetunes_gate_task(dagbag):
+    # make run exits 3 on a blocked gate by reading this task's XCom (sparktune_airflow.embedded).
+    from sparktune_airflow.embedded import GATE_TASK_ID
+    from sparktune_airflow.operators import PromotionGateOperator
+
+    assert isinstance(dagbag.dags["llm_finetune"].get_task(GATE_TASK_ID), PromotionGateOperator)
+
+
 def test_the_dags_form_a_loop_through_assets(dagbag):
     from airflow.sdk import AssetOrTimeSchedule
     from sparktune_airflow.assets import champion_asset, feedback_asset, training_source_asset

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from airflow.sdk.exceptions import DownstreamTasksSkipped
 
 LABELS = ["billing", "login"]
 
@@ -24,6 +25,14 @@ class FakeTaskInstance:
     run_id: str = "manual__2026-11-23"
     task_id: str = "evaluate"
     try_number: int = 1
+
+
+@dataclass
+class RecordingTaskInstance(FakeTaskInstance):
+    pushed: dict = field(default_factory=dict)
+
+    def xcom_push(self, key: str, value) -> None:
+        self.pushed[key] = value
 
 
 def _result(model_uri: str, n: int = 200):
@@ -47,6 +56,7 @@ def _result(model_uri: str, n: int = 200):
         eval_accuracy=sum(t == p for t, p in zip(y_true, y_pred, strict=True)) / n,
         eval_macro_f1=float(macro_f1_statistic(y_true, y_pred, 2)(np.arange(n)[None])[0]),
         per_class_f1=dict.fromkeys(LABELS, 0.8),
+        per_class_recall=dict.fromkeys(LABELS, 0.9 if every == 10 else 0.7),
         n_examples=n,
         confusion=confusion,
         seconds=1.0,
@@ -61,6 +71,8 @@ def _result(model_uri: str, n: int = 200):
         y_pred=y_pred,
         example_loss=[0.4] * n,
         example_tokens=[2] * n,
+        example_ids=[f"row-{i}" for i in range(n)],
+        scores=[0.9] * n,
     )
 
 
@@ -68,13 +80,14 @@ class FakeSubprocessHook:
     commands: list[list[str]] = []
 
     def run_command(self, command, env=None):
-        from sparktune.evaluation import confusion_matrix_figure
+        from sparktune.evaluation import confusion_matrix_figure, write_predictions_csv
 
         FakeSubprocessHook.commands.append(command)
         args = dict(zip(command[3::2], command[4::2], strict=True))
         result = _result(args["--model-uri"])
         Path(args["--output"]).write_text(result.to_json())
         confusion_matrix_figure(result, args["--confusion-matrix"])
+        write_predictions_csv(result, args["--predictions"])
         return SimpleNamespace(exit_code=0, output="sparktune.evaluation ok")
 
 
@@ -139,7 +152,13 @@ def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_r
         "evaluation/champion_confusion_matrix.png",
         "evaluation/eval_challenger.json",
         "evaluation/eval_champion.json",
+        "evaluation/predictions.csv",
+        "evaluation/champion_predictions.csv",
     }
+    rows = (
+        Path(client.download_artifacts(challenger_run, "evaluation/predictions.csv")).read_text().splitlines()
+    )
+    assert rows[0] == "example_id,label,prediction,score" and len(rows) == 201
     png = Path(client.download_artifacts(challenger_run, "evaluation/confusion_matrix.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     logged = json.loads(
@@ -147,6 +166,16 @@ def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_r
     )
     assert len(logged["y_pred"]) == 200  # per-example outcomes live in the artifact...
     assert _artifacts(client, registry.runs[0]) == {}  # ...of the challenger's run only
+
+    # The paired comparison on the same rows: differences and their intervals, on the run and in XCom.
+    comparison = summary["comparison"]
+    assert comparison["accuracy"]["difference"] == pytest.approx(0.895 - 0.745)
+    assert 0.0 < comparison["accuracy"]["ci_low"] < 0.15 < comparison["accuracy"]["ci_high"]
+    for name in ("accuracy", "macro_f1"):
+        assert metrics[f"vs_champion_{name}_diff"] == pytest.approx(comparison[name]["difference"])
+        assert metrics[f"vs_champion_{name}_ci_low"] == pytest.approx(comparison[name]["ci_low"])
+        assert metrics[f"vs_champion_{name}_ci_high"] == pytest.approx(comparison[name]["ci_high"])
+    assert metrics["eval_recall_login"] == 0.9 and metrics["champion_eval_recall_login"] == 0.7
 
     # ...and never in XCom: flat metrics and intervals, a few hundred bytes.
     assert summary["challenger"]["eval_accuracy_ci_low"] == metrics["eval_accuracy_ci_low"]
@@ -163,5 +192,64 @@ def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry
     assert set(_artifacts(registry.client, registry.runs[0])) == {
         "evaluation/confusion_matrix.png",
         "evaluation/eval_challenger.json",
+        "evaluation/predictions.csv",
     }
     assert "eval_macro_f1_ci_low" in registry.client.get_run(registry.runs[0]).data.metrics
+    assert summary["comparison"] is None
+    assert not any(
+        m.startswith("vs_champion_") for m in registry.client.get_run(registry.runs[0]).data.metrics
+    )
+
+
+def _gate(registry, evaluation: dict, **params):
+    from sparktune_airflow.operators import PromotionGateOperator
+
+    return PromotionGateOperator(
+        task_id="gate", evaluation=evaluation, run_id=registry.runs[1], pipeline_params=params
+    )
+
+
+def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypatch):
+    from sparktune_airflow import operators
+
+    client = registry.client
+    client.set_registered_model_alias("eval-op", "champion", "1")
+    evaluation = _operator(registry, "2").execute({"ti": FakeTaskInstance()})
+
+    decision = _gate(registry, evaluation, min_accuracy=0.7, max_class_regression=0.1).execute({})
+    assert decision["promote"] and decision["failed_rules"] == []
+    assert (decision["model_name"], decision["challenger_version"], decision["champion_version"]) == (
+        "eval-op",
+        "2",
+        "1",
+    )
+    low, high = (
+        evaluation["comparison"]["accuracy"]["ci_low"],
+        evaluation["comparison"]["accuracy"]["ci_high"],
+    )
+    assert (
+        f"max_regression: pass, accuracy vs champion v1: +0.150 [95% CI {low:+.3f}, {high:+.3f}]"
+        in (decision["reasons"][2])
+    )
+    assert (
+        decision["reasons"][3]
+        == "max_class_regression: pass, no class's recall fell vs champion v1, allowed drop 0.100"
+    )
+    assert decision["reasons"][-1].startswith("macro_f1 (information, no rule): macro_f1 vs champion v1: +")
+
+    # 0.895 on 200 rows clears 0.88, but the interval's lower bound does not: blocked, promotion skipped.
+    # Airflow 3's skip raises to end the task: the decision must reach XCom before it, for make run.
+    def skip(operator, context):
+        raise DownstreamTasksSkipped(tasks=["promote_staging", "smoke_test", "promote_champion"])
+
+    monkeypatch.setattr(operators, "skip_downstream", skip)
+    ti = RecordingTaskInstance(task_id="gate")
+    with pytest.raises(DownstreamTasksSkipped):
+        _gate(registry, evaluation, min_accuracy=0.88).execute({"ti": ti})
+    blocked = ti.pushed["return_value"]
+    assert not blocked["promote"] and blocked["failed_rules"] == ["min_accuracy"]
+    assert (blocked["model_name"], blocked["challenger_version"]) == ("eval-op", "2")
+    assert blocked["reasons"][0].startswith("min_accuracy: FAIL, eval_accuracy 0.895 [95% CI ")
+    tags = client.get_run(registry.runs[1]).data.tags
+    assert tags["sparktune.gate.decision"] == "blocked" and "lower bound" in tags["sparktune.gate.reasons"]
+    assert client.get_model_version("eval-op", "2").tags["gate_decision"] == "blocked"

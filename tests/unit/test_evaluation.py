@@ -154,8 +154,10 @@ def test_metric_names_are_safe_for_mlflow():
         n_examples=1,
         confusion={},
         seconds=0.1,
+        per_class_recall={"card/lost & stolen": 0.5},
     )
     assert "eval_f1_card/lost _ stolen" in result.metrics()
+    assert result.metrics()["eval_recall_card/lost _ stolen"] == 0.5
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,6 +266,10 @@ def test_per_example_outcomes_reproduce_the_metrics(test_result):
         test_result.eval_loss
     )
     assert all(tokens == 2 for tokens in test_result.example_tokens)  # label and eos
+    for i, label in enumerate(test_result.labels):
+        rows = [p for t, p in zip(test_result.y_true, test_result.y_pred, strict=True) if t == i]
+        expected = rows.count(i) / len(rows) if rows else 0.0
+        assert test_result.per_class_recall[label] == pytest.approx(expected), label
     # The JSON round-trips, per-example lists included.
     assert EvalResult.from_dict(json.loads(test_result.to_json())) == test_result
 

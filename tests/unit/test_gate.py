@@ -42,3 +42,204 @@ def test_dry_run_records_but_promotes_and_disabled_skips_rules():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="not one of"):
         decide(RULES, {}, None, "maybe")
+
+
+# --------------------------------------------------------------------------------------------
+# Uncertainty: interval lower bounds and the paired comparison with the champion
+
+
+def _comparison(
+    difference: float, low: float, high: float, *, f1: tuple[float, float, float] = (0.0, 0.0, 0.0)
+):
+    from sparktune.comparison import PairedComparison, PairedDifference
+
+    return PairedComparison(
+        n_examples=300,
+        confidence=0.95,
+        n_resamples=1000,
+        seed=0,
+        accuracy=PairedDifference(0.85 + difference, 0.85, difference, low, high),
+        macro_f1=PairedDifference(0.8 + f1[0], 0.8, *f1),
+    )
+
+
+def _challenger(accuracy: float, low: float, high: float, **more: float) -> dict[str, float]:
+    return {
+        "eval_accuracy": accuracy,
+        "eval_accuracy_ci_low": low,
+        "eval_accuracy_ci_high": high,
+        "eval_loss": 0.4,
+        **more,
+    }
+
+
+def _rules(**params: float):
+    return gate_rules(
+        parse_params({"min_accuracy": 0.7, "max_eval_loss": 1.0, "max_regression": 0.02, **params})
+    )
+
+
+def test_min_accuracy_holds_the_interval_lower_bound_to_the_threshold():
+    passed = decide(_rules(), _challenger(0.842, 0.801, 0.879), None, "enabled")
+    assert passed.promote
+    assert (
+        passed.reasons[0]
+        == "min_accuracy: pass, eval_accuracy 0.842 [95% CI 0.801, 0.879]: lower bound 0.801 >= 0.700"
+    )
+    # The point estimate clears 0.70, but on this few rows the data cannot tell it from a 0.68 model.
+    failed = decide(_rules(), _challenger(0.75, 0.68, 0.81), None, "enabled")
+    assert failed.failed_rules == ["min_accuracy"] and not failed.promote
+    assert (
+        failed.reasons[0]
+        == "min_accuracy: FAIL, eval_accuracy 0.750 [95% CI 0.680, 0.810]: lower bound 0.680 < 0.700"
+    )
+
+
+def test_min_accuracy_without_an_interval_says_it_used_the_point_estimate():
+    decision = decide(_rules(), {"eval_accuracy": 0.75, "eval_loss": 0.4}, None, "enabled")
+    assert decision.promote
+    assert "0.750 >= 0.700 (point estimate: the evaluation has no confidence interval)" in decision.reasons[0]
+
+
+def test_max_regression_reads_the_paired_intervals_lower_bound():
+    champion = {"eval_accuracy": 0.85, "eval_loss": 0.4}
+    passed = decide(
+        _rules(), _challenger(0.862, 0.82, 0.9), champion, "enabled",
+        comparison=_comparison(0.012, -0.008, 0.031), champion_version="3",
+    )  # fmt: skip
+    assert passed.promote
+    assert passed.reasons[2] == (
+        "max_regression: pass, accuracy vs champion v3: +0.012 [95% CI -0.008, +0.031], allowed drop 0.020"
+    )
+    # Ahead on the point estimate, yet the drop it may hide is beyond the allowed 0.02: blocked.
+    failed = decide(
+        _rules(), _challenger(0.855, 0.82, 0.89), champion, "enabled",
+        comparison=_comparison(0.005, -0.031, 0.04), champion_version="3",
+    )  # fmt: skip
+    assert failed.failed_rules == ["max_regression"]
+    assert failed.reasons[2] == (
+        "max_regression: FAIL, accuracy vs champion v3: +0.005 [95% CI -0.031, +0.040], allowed drop 0.020: "
+        "the drop may be as large as 0.031"
+    )
+    # A lower bound exactly at minus the allowed drop passes.
+    edge = decide(
+        _rules(), _challenger(0.85, 0.81, 0.89), champion, "enabled", comparison=_comparison(0.0, -0.02, 0.02)
+    )
+    assert edge.promote and "vs champion: +0.000" in edge.reasons[2]
+
+
+def test_macro_f1_difference_is_shown_as_information_and_decides_nothing():
+    decision = decide(
+        _rules(), _challenger(0.86, 0.82, 0.9), {"eval_accuracy": 0.85}, "enabled",
+        comparison=_comparison(0.01, -0.005, 0.025, f1=(-0.05, -0.09, -0.01)), champion_version="7",
+    )  # fmt: skip
+    assert decision.promote and decision.failed_rules == []
+    assert decision.reasons[-1] == (
+        "macro_f1 (information, no rule): macro_f1 vs champion v7: -0.050 [95% CI -0.090, -0.010]"
+    )
+
+
+def test_without_a_champion_the_comparison_is_ignored_and_the_first_model_is_gated_on_its_interval():
+    decision = decide(
+        _rules(), _challenger(0.72, 0.66, 0.78), None, "enabled", comparison=_comparison(0.1, 0.05, 0.15)
+    )
+    assert decision.failed_rules == ["min_accuracy"]
+    assert decision.reasons[2] == "max_regression: pass, no champion to compare against"
+    assert not any(r.startswith("macro_f1") for r in decision.reasons)
+
+
+def test_a_real_paired_comparison_blocks_a_challenger_whose_point_estimate_passes():
+    from sparktune.comparison import paired_comparison
+    from sparktune.evaluation import EvalResult
+
+    # 300 rows; the models disagree on 40: the challenger is right on 20 of them, the champion on
+    # 20 others. Equal accuracy, but 40 coin flips leave room for a drop well beyond 0.02.
+    n = 300
+    truth = [i % 2 for i in range(n)]
+    challenger = [1 - t if 20 <= i < 40 else t for i, t in enumerate(truth)]
+    champion = [1 - t if i < 20 else t for i, t in enumerate(truth)]
+
+    def result(predicted: list[int]) -> EvalResult:
+        accuracy = sum(t == p for t, p in zip(truth, predicted, strict=True)) / n
+        return EvalResult(
+            eval_loss=0.3, perplexity=1.35, eval_accuracy=accuracy, eval_macro_f1=accuracy, per_class_f1={},
+            n_examples=n, confusion={}, seconds=0.1, labels=["a", "b"], classes=["a", "b"], y_true=truth,
+            y_pred=predicted,
+        )  # fmt: skip
+
+    comparison = paired_comparison(result(challenger), result(champion))
+    challenger_metrics = {"eval_accuracy": comparison.accuracy.challenger, "eval_loss": 0.3}
+    champion_metrics = {"eval_accuracy": comparison.accuracy.champion}
+    point = decide(_rules(), challenger_metrics, champion_metrics, "enabled")
+    assert point.promote  # the old gate: 0.933 vs 0.933 is no regression
+    paired = decide(_rules(), challenger_metrics, champion_metrics, "enabled", comparison=comparison)
+    assert paired.failed_rules == ["max_regression"]
+    assert comparison.accuracy.difference == 0.0 and comparison.accuracy.ci_low < -0.02
+
+
+def _recalls(**recall: float) -> dict[str, float]:
+    return {f"eval_recall_{label}": value for label, value in recall.items()}
+
+
+def test_max_class_regression_is_off_by_default_and_a_param_turns_it_on():
+    assert "max_class_regression" not in [r.name for r in gate_rules(parse_params({}))]
+    assert parse_params({}).max_class_regression == 1.0
+    assert [r.name for r in _rules(max_class_regression=0.1)][-1] == "max_class_regression"
+    with pytest.raises(ValueError, match="max_class_regression"):
+        parse_params({"max_class_regression": 1.5})
+
+
+def test_max_class_regression_names_the_classes_that_lost_most():
+    champion = {"eval_accuracy": 0.9, **_recalls(billing=0.95, login=0.9, refund=0.91, shipping=0.8)}
+    challenger = _challenger(0.9, 0.86, 0.94, **_recalls(billing=0.9, login=0.78, refund=0.78, shipping=0.85))
+    decision = decide(_rules(max_class_regression=0.1), challenger, champion, "enabled", champion_version="3")
+    assert decision.failed_rules == ["max_class_regression"]
+    assert decision.reasons[3] == (
+        "max_class_regression: FAIL, recall fell by more than 0.100 vs champion v3 for 2 of 4 classes; "
+        "fell most: refund 0.910 -> 0.780 (-0.130), login 0.900 -> 0.780 (-0.120), "
+        "billing 0.950 -> 0.900 (-0.050)"
+    )
+    within = decide(_rules(max_class_regression=0.15), challenger, champion, "enabled", champion_version="3")
+    assert within.promote
+    assert within.reasons[3].startswith(
+        "max_class_regression: pass, recall vs champion v3 fell most for refund"
+    )
+    # A drop of exactly the threshold passes (recalls are ratios of counts: no rounding error fails it).
+    exact = decide(
+        _rules(max_class_regression=0.1), _challenger(0.9, 0.86, 0.94, **_recalls(a=0.7)), _recalls(a=0.8),
+        "enabled",
+    )  # fmt: skip
+    assert exact.promote
+
+
+def test_max_class_regression_without_a_champion_or_without_recalls():
+    rules = _rules(max_class_regression=0.1)
+    first = decide(rules, _challenger(0.9, 0.86, 0.94, **_recalls(a=0.5)), None, "enabled")
+    assert first.promote and first.reasons[3] == "max_class_regression: pass, no champion to compare against"
+    missing = decide(rules, _challenger(0.9, 0.86, 0.94), None, "enabled")
+    assert missing.failed_rules == ["max_class_regression"]
+    assert "no per-class recall (eval_recall_*) metrics" in missing.reasons[3]
+    better = decide(rules, _challenger(0.9, 0.86, 0.94, **_recalls(a=0.9)), _recalls(a=0.8), "enabled")
+    assert (
+        better.reasons[3]
+        == "max_class_regression: pass, no class's recall fell vs champion, allowed drop 0.100"
+    )
+
+
+def test_a_blocked_gate_gives_the_failed_reasons_and_a_last_line_naming_the_version():
+    from sparktune.gate import blocked_promotion_lines
+
+    blocked = decide(_rules(), _challenger(0.75, 0.68, 0.81), None, "enabled")
+    summary = {**blocked.to_summary(), "model_name": "support-intent", "challenger_version": "4"}
+    lines = blocked_promotion_lines(summary)
+    assert lines[-1] == "gate blocked promotion of support-intent v4: min_accuracy"
+    assert lines[:-1] == [f"gate: {blocked.reasons[0]}"]
+    # Nothing to say when promotion went ahead: passed, dry_run (even with failed rules), disabled.
+    for mode in ("dry_run", "disabled"):
+        decision = decide(_rules(), _challenger(0.75, 0.68, 0.81), None, mode)
+        assert (
+            blocked_promotion_lines({**decision.to_summary(), "model_name": "m", "challenger_version": "1"})
+            == []
+        )
+    passed = decide(_rules(), _challenger(0.9, 0.85, 0.95), None, "enabled")
+    assert blocked_promotion_lines(passed.to_summary()) == []
