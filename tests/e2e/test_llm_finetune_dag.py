@@ -155,6 +155,85 @@ def _started_tasks(output: str) -> set[str]:
     }
 
 
+# --------------------------------------------------------------------------------------------
+# One prediction path: what evaluation scored (and the gate promoted on) is what users get.
+
+
+@pytest.fixture(scope="module")
+def evaluated_test_split(home, happy_run, tmp_path_factory) -> dict:
+    """The champion's evaluation of the test split, row by row (its logged predictions.csv),
+    beside the split's texts; and the texts as a JSON Lines source for batch_inference."""
+    import csv
+
+    import datasets
+
+    client = _client(home)
+    champion = client.get_model_version_by_alias("support-intent", "champion")
+    local = client.download_artifacts(
+        champion.run_id, "evaluation/predictions.csv", str(tmp_path_factory.mktemp("parity"))
+    )
+    with open(local, newline="") as handle:
+        evaluated = {row["example_id"]: row for row in csv.DictReader(handle)}
+    test = datasets.load_from_disk(str(home / "lake" / "datasets" / champion.tags["data_fingerprint"]))[
+        "test"
+    ]
+    texts = dict(zip(test["example_id"], test["text"], strict=True))
+    assert set(evaluated) == set(texts) and len(texts) > 100
+    source = Path(local).with_name("test_split.jsonl")
+    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in texts.items()))
+    return {"champion": champion, "rows": evaluated, "texts": texts, "source": source}
+
+
+def _assert_same_predictions(where: str, evaluated: dict, predictions: dict, scores: dict) -> None:
+    assert set(predictions) == set(evaluated), where
+    differ = [i for i, row in evaluated.items() if predictions[i] != row["prediction"]]
+    assert not differ, (
+        f"{where}: {len(differ)} of {len(evaluated)} rows differ from evaluation, e.g. {differ[:3]}"
+    )
+    worst = max(abs(scores[i] - float(row["score"])) for i, row in evaluated.items())
+    assert worst < 1e-4, f"{where}: scores differ from evaluation's by up to {worst:.2g}"
+
+
+def test_the_registered_pyfunc_predicts_what_evaluation_scored(home, evaluated_test_split):
+    import mlflow
+
+    ids = list(evaluated_test_split["texts"])
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+        model = mlflow.pyfunc.load_model("models:/support-intent@champion")
+        answers = model.predict([evaluated_test_split["texts"][i] for i in ids])
+    _assert_same_predictions(
+        "mlflow.pyfunc.load_model('models:/support-intent@champion')",
+        evaluated_test_split["rows"],
+        dict(zip(ids, answers["prediction"], strict=True)),
+        dict(zip(ids, answers["score"], strict=True)),
+    )
+
+
+def test_batch_inference_over_spark_predicts_what_evaluation_scored(home, evaluated_test_split):
+    import pyarrow.dataset as ds
+
+    output = evaluated_test_split["source"].with_name("predictions")
+    conf = {
+        "source_uri": str(evaluated_test_split["source"]),
+        "source_format": "json",
+        "text_column": "text",
+        "id_column": "id",
+        "output_uri": str(output),
+        "feedback_uri": str(output.with_name("feedback")),
+    }
+    result = run_dag(home, conf, dag="batch_inference")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    table = ds.dataset(output, format="parquet", partitioning="hive").to_table().to_pandas()
+    assert set(table["model_version"]) == {str(evaluated_test_split["champion"].version)}
+    _assert_same_predictions(
+        "the batch_inference DAG",
+        evaluated_test_split["rows"],
+        dict(zip(table["id"], table["prediction"], strict=True)),
+        dict(zip(table["id"], table["score"], strict=True)),
+    )
+
+
 # The loop runs last: the runs above then neither merge its corrections nor prepare a new data version.
 
 
