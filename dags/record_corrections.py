@@ -3,7 +3,8 @@
 
 Adds a file of human corrections to the feedback table: one row per corrected prediction with
 the scored row's `id` and the right `label` (optional `text`, `corrected_at`). Labels are checked
-against the champion's label set, ids against the rows batch inference scored. The feedback
+against the champion's label set, ids against the rows batch inference scored and the answers the
+serving endpoint captured (`make serve`; a served answer's id is `<request_id>:<row>`). The feedback
 asset it updates starts an `llm_finetune` run, which adds the corrected texts it has not trained
 on as a new data version.
 

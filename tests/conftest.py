@@ -49,6 +49,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 # out in the order below, the longest first, so that no long one starts when the rest is done.
 SHARED_GROUPS = {
     "tests/stack/": "stack",  # one native stack per session
+    "tests/serving/": "serving",  # one registry of the keyword model's versions per session
     "tests/operators/test_spark_faults.py": "standalone-cluster",
     "tests/operators/test_train_backends.py": "standalone-cluster",
     # tests/unit/tiny_model.trained keeps a trained model per process: one worker trains it once.

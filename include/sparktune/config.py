@@ -15,6 +15,7 @@ from pathlib import Path
 HOME_ENV = "SPARKTUNE_HOME"
 LAKE_ENV = "SPARKTUNE_LAKE_URI"
 FEEDBACK_ENV = "SPARKTUNE_FEEDBACK_URI"
+SERVING_CAPTURES_ENV = "SPARKTUNE_SERVING_CAPTURES_URI"
 RETRAIN_CRON_ENV = "SPARKTUNE_RETRAIN_CRON"
 ALLOWED_ROOTS_ENV = "SPARKTUNE_ALLOWED_ROOTS"
 DEFAULT_MODEL_NAME = "support-intent"
@@ -70,6 +71,11 @@ class Settings:
     def feedback_uri(self) -> str:
         """The feedback table: scored rows for review and human corrections (see sparktune.feedback)."""
         return os.environ.get(FEEDBACK_ENV) or f"{self.lake_uri}/feedback"
+
+    @property
+    def serving_captures_uri(self) -> str:
+        """What the HTTP server answered, one row per text, Parquet by ``date=`` (see sparktune.serving)."""
+        return os.environ.get(SERVING_CAPTURES_ENV) or f"{self.lake_uri}/serving_captures"
 
     @property
     def retrain_cron(self) -> str | None:

@@ -118,13 +118,16 @@ def record_corrections(
     source_format: str = "auto",
     known_labels: list[str] | None = None,
     corrected_at: datetime,
+    captures_uri: str | None = None,
 ) -> CorrectionsResult:
     """Validate a file of human corrections and add it to the feedback table as batch ``batch_id``.
 
-    The file needs ``id`` and ``label`` columns; ``text`` and ``corrected_at`` are optional (a
-    missing text is looked up in the feedback table's scored rows by id, a missing time is
-    ``corrected_at``). Every problem is reported at once: missing columns, blank labels, labels
-    outside ``known_labels`` (when given), ids that were never scored and have no text.
+    The file needs ``id`` and ``label`` columns; ``text`` and ``corrected_at`` are optional. A
+    missing text is looked up by id among the rows batch inference scored into the feedback table
+    and, given ``captures_uri``, the serving endpoint's captured answers (their ids are
+    ``<request_id>:<row>``); a missing time is ``corrected_at``. Every problem is reported at
+    once: missing columns, blank labels, labels outside ``known_labels`` (when given), ids that
+    were never scored and have no text.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -173,7 +176,7 @@ def record_corrections(
                     f"labels the model does not know: {sorted(unknown)} (known: {sorted(known_labels)}); "
                     "a new label needs a training source that has examples of it"
                 )
-        scored = _latest_scored(spark, feedback_uri)
+        scored = _latest_scored(spark, feedback_uri, captures_uri)
         if scored is None:
             joined = corrections.select(
                 "*",
@@ -187,9 +190,10 @@ def record_corrections(
         orphans = [r["id"] for r in joined.where(F.col("text").isNull()).select("id").limit(5).collect()]
         if orphans:
             n = joined.where(F.col("text").isNull()).count()
+            served = f" nor answered by the server into {captures_uri}" if captures_uri else ""
             problems.append(
-                f"{n} ids were never scored into {feedback_uri}/{PREDICTIONS_DIR} and have no 'text' "
-                f"column value (e.g. {orphans}); add a 'text' column or correct scored rows only"
+                f"{n} ids were never scored into {feedback_uri}/{PREDICTIONS_DIR}{served} and have no "
+                f"'text' column value (e.g. {orphans}); add a 'text' column or correct scored rows only"
             )
         if problems:
             raise FeedbackError(
@@ -214,17 +218,47 @@ def record_corrections(
     return CorrectionsResult(corrections_uri=corrections_uri, batch_uri=batch_uri, rows=total, labels=counts)
 
 
-def _latest_scored(spark: SparkSession, feedback_uri: str) -> DataFrame | None:
-    """id -> text, prediction and model version of the latest scoring of that id, or None."""
+def captured_row_id(request_id: Any, row: Any) -> Any:
+    """The id a served answer is corrected by: ``<request_id>:<row>`` (Spark columns or values)."""
+    if isinstance(request_id, str):
+        return f"{request_id}:{row}"
+    from pyspark.sql import functions as F
+
+    return F.concat_ws(":", request_id, row.cast("string"))
+
+
+def _latest_scored(
+    spark: SparkSession, feedback_uri: str, captures_uri: str | None = None
+) -> DataFrame | None:
+    """id -> text, prediction and model version of the latest scoring of that id (batch inference's
+    review rows, and the server's captured answers), or None when there are none."""
+    from functools import reduce
+
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    frames = []
     uri = f"{feedback_uri.rstrip('/')}/{PREDICTIONS_DIR}"
-    if not _has_parquet(spark, uri):
+    if _has_parquet(spark, uri):
+        frames.append(
+            spark.read.parquet(uri).select("id", "text", "prediction", "model_version", "scored_at")
+        )
+    if captures_uri and _has_parquet(spark, captures_uri):
+        captured = spark.read.parquet(captures_uri)
+        frames.append(
+            captured.select(
+                captured_row_id(F.col("request_id"), F.col("row")).alias("id"),
+                "text",
+                "prediction",
+                F.col("model_version").cast("string").alias("model_version"),
+                F.col("requested_at").alias("scored_at"),
+            )
+        )
+    if not frames:
         return None
     latest = Window.partitionBy("id").orderBy(F.col("scored_at").desc())
     return (
-        spark.read.parquet(uri)
+        reduce(lambda a, b: a.unionByName(b), frames)
         .withColumn("_n", F.row_number().over(latest))
         .where("_n = 1")
         .select("id", "text", "prediction", "model_version")

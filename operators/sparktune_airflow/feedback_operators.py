@@ -219,6 +219,7 @@ def _record_corrections(
     model_name: str,
     batch_id: str,
     corrected_at: str,
+    captures_uri: str = "",
     spark: Any = None,
 ) -> dict[str, Any]:
     from datetime import datetime
@@ -236,6 +237,7 @@ def _record_corrections(
             source_format=source_format,
             known_labels=known_labels,
             corrected_at=datetime.fromisoformat(corrected_at),
+            captures_uri=captures_uri or None,
         )
     except (FeedbackError, DataPreparationError) as exc:
         raise AirflowFailException(str(exc)) from exc
@@ -266,6 +268,8 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
     :param corrections_uri: path of the corrections (Parquet, CSV, JSON Lines).
     :param model_name: whose champion's labels the corrections are checked against.
     :param feedback_uri: the feedback table (default ``SPARKTUNE_FEEDBACK_URI`` or ``<lake>/feedback``).
+    :param captures_uri: the serving endpoint's captured answers, whose ids (``<request_id>:<row>``)
+        are accepted too (default ``SPARKTUNE_SERVING_CAPTURES_URI`` or ``<lake>/serving_captures``).
     :param source_format: how to read ``corrections_uri`` (default: by extension).
     :param conn_id: the Spark connection (default ``spark_default``).
     """
@@ -278,6 +282,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
         corrections_uri: str,
         model_name: str,
         feedback_uri: str | None = None,
+        captures_uri: str | None = None,
         source_format: str = "auto",
         conn_id: str = "spark_default",
         **kwargs: Any,
@@ -286,6 +291,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
         self.corrections_uri = corrections_uri
         self.model_name = model_name
         self.feedback_uri = feedback_uri
+        self.captures_uri = captures_uri
         self.source_format = source_format
 
     def execute(self, context: Any) -> Any:
@@ -295,6 +301,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
         # Before the Spark session starts: the file to read and the table to write.
         check_allowed_location("corrections_uri", uri, self.source_format)
         check_allowed_location("feedback_uri", self.feedback_uri)
+        check_allowed_location("captures_uri", self.captures_uri)
         if "://" not in uri:
             uri = str(Path(uri).expanduser().resolve())
         ti = context["ti"]
@@ -302,6 +309,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
             "corrections_uri": uri,
             "source_format": self.source_format,
             "feedback_uri": self.feedback_uri or settings().feedback_uri,
+            "captures_uri": self.captures_uri or settings().serving_captures_uri,
             "model_name": str(self.model_name),
             "batch_id": f"{ti.dag_id}__{ti.run_id}",
             "corrected_at": (context.get("logical_date") or context["dag_run"].run_after).isoformat(),

@@ -77,6 +77,37 @@ def test_corrections_take_the_scored_text_and_the_latest_label_per_id(spark, tmp
     assert spark.read.parquet(f"{feedback}/{CORRECTIONS_DIR}").count() == 2
 
 
+def test_a_served_answer_captured_by_the_server_can_be_corrected_by_its_id(spark, tmp_path):
+    """The serving endpoint's capture table is a source of scored rows: a reviewer corrects an
+    answer by ``<request_id>:<row>`` and the text comes from the capture."""
+    from sparktune.feedback import captured_row_id
+    from sparktune.serving.capture import CaptureWriter
+
+    feedback, captures = str(tmp_path / "feedback"), str(tmp_path / "serving_captures")
+    _scored(spark, feedback, date(2026, 11, 20), [("a", "where is my parcel", "refund")])
+    writer = CaptureWriter(captures)
+    writer.add(
+        "req-1", ["charged twice", "cannot log in"], ["shipping", "login"], [0.6, 0.9], "m", "4", 12.0, WHEN
+    )
+    writer.flush()
+    corrections = _jsonl(
+        tmp_path / "c.jsonl",
+        [{"id": captured_row_id("req-1", 0), "label": "billing"}, {"id": "a", "label": "shipping"}],
+    )
+    result = record_corrections(spark, corrections, feedback, "b1", corrected_at=WHEN, captures_uri=captures)
+    assert result.rows == 2
+    rows = {r["id"]: r.asDict() for r in spark.read.parquet(result.batch_uri).collect()}
+    assert rows["req-1:0"]["text"] == "charged twice" and rows["req-1:0"]["label"] == "billing"
+    assert rows["req-1:0"]["prediction"] == "shipping" and rows["req-1:0"]["model_version"] == "4"
+    assert rows["a"]["text"] == "where is my parcel"
+    # Without the capture table the served id is unknown, and the message names both places looked in.
+    with pytest.raises(FeedbackError, match="never scored") as err:
+        record_corrections(
+            spark, corrections, feedback, "b2", corrected_at=WHEN, captures_uri=str(tmp_path / "none")
+        )
+    assert "req-1:0" in str(err.value) and "answered by the server" in str(err.value)
+
+
 def test_bad_corrections_are_refused_with_every_problem(spark, tmp_path):
     feedback = str(tmp_path / "feedback")
     _scored(spark, feedback, date(2026, 11, 20), [("a", "where is my parcel", "refund")])
