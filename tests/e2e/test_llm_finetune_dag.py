@@ -234,6 +234,69 @@ def test_batch_inference_over_spark_predicts_what_evaluation_scored(home, evalua
     )
 
 
+def test_the_serving_endpoint_answers_what_evaluation_scored_and_captures_it(home, evaluated_test_split):
+    """make serve's server over the champion, sent the test split over HTTP in requests of 16 texts."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    import pyarrow.dataset as ds
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    captures = evaluated_test_split["source"].with_name("serving_captures")
+    env = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
+    env["SPARKTUNE_HOME"] = str(home)
+    log = home / "serving.log"
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sparktune.serving", f"--port={port}", f"--capture-uri={captures}"]
+            + [f"--tracking-uri=sqlite:///{home / 'mlflow' / 'mlflow.db'}"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    ids = list(evaluated_test_split["texts"])
+    answers: list[dict] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        for begin in range(0, len(ids), 16):
+            texts = [[evaluated_test_split["texts"][i]] for i in ids[begin : begin + 16]]
+            body = json.dumps({"dataframe_split": {"columns": ["text"], "data": texts}}).encode()
+            request = urllib.request.Request(
+                f"{url}/invocations", body, {"Content-Type": "application/json"}, method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=60) as reply:
+                answers.extend(json.loads(reply.read())["predictions"])
+    finally:
+        server.send_signal(signal.SIGTERM)  # a graceful stop writes the buffered captures
+        server.wait(60)
+    champion = evaluated_test_split["champion"]
+    assert {(a["model_name"], a["model_version"]) for a in answers} == {
+        ("support-intent", str(champion.version))
+    }
+    _assert_same_predictions(
+        "the serving endpoint",
+        evaluated_test_split["rows"],
+        {i: a["prediction"] for i, a in zip(ids, answers, strict=True)},
+        {i: a["score"] for i, a in zip(ids, answers, strict=True)},
+    )
+    captured = ds.dataset(captures, format="parquet", partitioning="hive").to_table().to_pandas()
+    assert len(captured) == len(ids) and set(captured["text"]) == set(evaluated_test_split["texts"].values())
+
+
 # The loop runs last: the runs above then neither merge its corrections nor prepare a new data version.
 
 
