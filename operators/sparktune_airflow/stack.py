@@ -42,6 +42,7 @@ PORT_ENVS = {
     "spark_port": "SPARKTUNE_STACK_SPARK_PORT",
     "spark_ui_port": "SPARKTUNE_STACK_SPARK_UI_PORT",
     "spark_worker_ui_port": "SPARKTUNE_STACK_SPARK_WORKER_UI_PORT",
+    "serving_port": "SPARKTUNE_STACK_SERVING_PORT",
 }
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
@@ -61,6 +62,7 @@ class StackConfig:
     spark_port: int = 7077
     spark_ui_port: int = 8081
     spark_worker_ui_port: int = 8082
+    serving_port: int = 5001
     postgres: str = "postgresql://postgres@127.0.0.1:5432"
     database_prefix: str = "sparktune"
     username: str = "admin"
@@ -102,6 +104,10 @@ class StackConfig:
     @property
     def mlflow_url(self) -> str:
         return f"http://{self.host}:{self.mlflow_port}"
+
+    @property
+    def serving_url(self) -> str:
+        return f"http://{self.host}:{self.serving_port}"
 
     @property
     def spark_master(self) -> str:
@@ -224,8 +230,20 @@ def mlflow_command(config: StackConfig) -> list[str]:
     ]  # fmt: skip
 
 
+def serving_command(config: StackConfig) -> list[str]:
+    """make serve's server over the stack's MLflow: the champion online, every answer captured to the lake."""
+    return [
+        sys.executable, "-m", "sparktune.serving",
+        "--host", config.host, "--port", str(config.serving_port), "--tracking-uri", config.mlflow_url,
+    ]  # fmt: skip
+
+
 def _commands(config: StackConfig) -> dict[str, list[str]]:
-    commands = {"mlflow": mlflow_command(config), **spark_commands(config)}
+    commands = {
+        "mlflow": mlflow_command(config),
+        "serving": serving_command(config),
+        **spark_commands(config),
+    }
     for component in AIRFLOW_COMPONENTS:
         commands[component] = [sys.executable, "-m", "airflow", component]
     # Task logs are files on this machine that the api-server reads itself; Airflow's log servers
@@ -325,6 +343,15 @@ def _health(config: StackConfig) -> dict[str, bool]:
             status["mlflow"] = reply.status == 200
     except OSError:
         status["mlflow"] = False
+    # Up is enough: /ping answers 503 until a version holds the champion alias, which a fresh
+    # stack has not (the answer's error code says the server is there and waiting for one).
+    try:
+        with urllib.request.urlopen(f"{config.serving_url}/ping", timeout=5) as reply:
+            status["serving"] = reply.status == 200
+    except urllib.error.HTTPError as exc:
+        status["serving"] = exc.code == 503 and b"TEMPORARILY_UNAVAILABLE" in exc.read()
+    except OSError:
+        status["serving"] = False
     try:
         master = _get_json(f"{config.spark_ui_url}/json/")
         status["spark-master"] = master.get("status") == "ALIVE"
@@ -370,7 +397,7 @@ def up(config: StackConfig, timeout: float = 240, base: dict[str, str] | None = 
             raise StackError(f"airflow db migrate failed on {config.airflow_db}:\n{output}")
     commands = _commands(config)
     # Spark and MLflow first: the Airflow processes' health does not depend on them, the DAGs do.
-    for name in ("spark-master", "spark-worker", "mlflow", *AIRFLOW_COMPONENTS):
+    for name in ("spark-master", "spark-worker", "mlflow", "serving", *AIRFLOW_COMPONENTS):
         if name not in pids:
             pids[name] = _start(config, name, commands[name], env)
             _pids_file(config).write_text(json.dumps(pids, indent=2))
@@ -384,6 +411,7 @@ def describe(config: StackConfig) -> dict[str, Any]:
     return {
         "airflow": config.airflow_url,
         "mlflow": config.mlflow_url,
+        "serving": config.serving_url,
         "spark_master": config.spark_master,
         "spark_ui": config.spark_ui_url,
         "username": config.username,
@@ -399,7 +427,7 @@ def down(config: StackConfig, purge: bool = False, timeout: float = 60) -> list[
     pids = _read_pids(config)
     stopped = []
     # Airflow first, so no task is started against a server that is going away.
-    order = [*AIRFLOW_COMPONENTS, "mlflow", "spark-worker", "spark-master"]
+    order = [*AIRFLOW_COMPONENTS, "serving", "mlflow", "spark-worker", "spark-master"]
     for name in sorted(pids, key=lambda n: order.index(n) if n in order else len(order)):
         pid = pids[name]
         if not _alive(pid):

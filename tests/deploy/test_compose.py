@@ -234,6 +234,19 @@ def test_mlflow_server_options_exist(services):
     assert not unknown, f"mlflow server has no option(s) {unknown}; known: {sorted(known)}"
 
 
+def test_the_serving_service_runs_make_serves_server_against_the_compose_mlflow(services):
+    from sparktune.serving.__main__ import build_parser
+    from sparktune.serving.settings import ServingSettings
+
+    svc = services["serving"]
+    assert svc["entrypoint"] == ["python", "-m", "sparktune.serving"], svc["entrypoint"]
+    args = build_parser(ServingSettings()).parse_args(svc["command"])  # an unknown flag exits here
+    assert args.tracking_uri == env_of(services["airflow-scheduler"])["MLFLOW_TRACKING_URI"]
+    assert svc["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
+    home = env_of(services["airflow-scheduler"])["SPARKTUNE_HOME"]
+    assert env_of(svc)["SPARKTUNE_HOME"] == home and any(home in v for v in svc["volumes"])
+
+
 def test_mlflow_accepts_the_host_the_other_containers_use(services):
     from mlflow.server.security_utils import is_allowed_host_header
 

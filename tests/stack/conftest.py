@@ -112,6 +112,7 @@ def stack(tmp_path_factory, install_base_model) -> Stack:
         spark_port=_free_port(),
         spark_ui_port=_free_port(),
         spark_worker_ui_port=_free_port(),
+        serving_port=_free_port(),
         database_prefix=f"sparktune_test_{uuid.uuid4().hex[:8]}",
         parallelism=2,
         # Only REST calls start llm_finetune here: unpausing a cron DAG would also start the latest

@@ -189,6 +189,37 @@ def test_the_promotion_starts_batch_inference_which_scores_with_the_new_champion
     assert any("batch_inference" in name for name in apps), apps
 
 
+def test_the_serving_service_answers_with_the_champion_and_captures_what_it_answered(stack, rest_run):
+    """The stack's serving service over HTTP: it follows the alias the run moved, answers in MLflow's
+    scoring protocol, refuses a client's mistake with a 4xx, and captures the answers to the lake."""
+    import time
+
+    import pyarrow.dataset as ds
+
+    assert rest_run["state"] == "success"
+    champion = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    url = stack.config.serving_url
+    # What promote_champion's caller would do instead of waiting for the next poll.
+    reloaded = _request("POST", f"{url}/admin/reload")
+    assert reloaded["serving_version"] == champion["version"], reloaded
+    texts = ["I was charged twice for my order", "I cannot log in to my account"]
+    answer = _request(
+        "POST", f"{url}/invocations", {"dataframe_split": {"columns": ["text"], "data": [[t] for t in texts]}}
+    )
+    assert [row["model_version"] for row in answer["predictions"]] == [champion["version"]] * 2
+    assert all(row["model_name"] == MODEL and 0 <= row["score"] <= 1 for row in answer["predictions"])
+    with pytest.raises(HTTPError) as refused:
+        _request("POST", f"{url}/invocations", {"dataframe_split": {"columns": ["text"], "data": []}})
+    assert refused.value.status == 400
+    captures = stack.home / "lake" / "serving_captures"
+    deadline = time.monotonic() + 30  # written every 5 s off the request path
+    while not list(captures.glob("date=*/part-*.parquet")) and time.monotonic() < deadline:
+        time.sleep(1)
+    table = ds.dataset(captures, format="parquet", partitioning="hive").to_table().to_pandas()
+    mine = table[table["request_id"] == answer["request_id"]]
+    assert sorted(mine["text"]) == sorted(texts) and set(mine["model_version"]) == {champion["version"]}
+
+
 def test_extra_links_point_at_the_run_and_the_model_version_in_the_mlflow_ui(stack, rest_run):
     run_id = quote(rest_run["dag_run_id"], safe="")
 
