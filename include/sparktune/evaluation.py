@@ -393,22 +393,8 @@ def load_label_model(
     """
     import pandas as pd
 
-    local = Path(model_uri).expanduser()
-    if local.is_dir() and not (local / "MLmodel").exists():
-        if not (local / "config.json").exists():
-            raise EvaluationInputError(
-                f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
-                "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
-            )
-        model, tokenizer = _load_folder(local, trust_remote_code)
-        return _wrap(model, tokenizer, labels, prompt_template, batch_size)
-    if "://" not in model_uri and ":/" not in model_uri and not local.exists():
-        raise EvaluationInputError(
-            f"Model {model_uri!r} is neither an existing folder nor an MLflow URI "
-            "(models:/name/3, models:/name@champion, runs:/<run id>/model)."
-        )
-    pyfunc, model, tokenizer = _load_mlflow_model(model_uri, trust_remote_code)
-    if pyfunc is None:  # logged with MLflow's transformers flavour by an earlier version
+    pyfunc, model, tokenizer = _load_any(model_uri, trust_remote_code)
+    if pyfunc is None:  # a bare folder, or MLflow's transformers flavour (an earlier version)
         return _wrap(model, tokenizer, labels, prompt_template, batch_size)
     inner = pyfunc.unwrap_python_model()
 
@@ -417,6 +403,25 @@ def load_label_model(
         return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
 
     return LabelScorer(predict, model, tokenizer, inner.spec)
+
+
+def _load_any(model_uri: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+    """(the label pyfunc or None, model, tokenizer) of a Hugging Face folder (no pyfunc) or an
+    MLflow model URI or folder (:func:`_load_mlflow_model`)."""
+    local = Path(model_uri).expanduser()
+    if local.is_dir() and not (local / "MLmodel").exists():
+        if not (local / "config.json").exists():
+            raise EvaluationInputError(
+                f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
+                "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
+            )
+        return None, *_load_folder(local, trust_remote_code)
+    if "://" not in model_uri and ":/" not in model_uri and not local.exists():
+        raise EvaluationInputError(
+            f"Model {model_uri!r} is neither an existing folder nor an MLflow URI "
+            "(models:/name/3, models:/name@champion, runs:/<run id>/model)."
+        )
+    return _load_mlflow_model(model_uri, trust_remote_code)
 
 
 def _load_mlflow_model(model_uri: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
@@ -493,15 +498,7 @@ def load_components(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Model and tokenizer of an MLflow model URI or folder, or a Hugging Face folder (checked as
     :func:`load_label_model` checks them)."""
-    local = Path(model_uri).expanduser()
-    if local.is_dir() and not (local / "MLmodel").exists():
-        if not (local / "config.json").exists():
-            raise EvaluationInputError(
-                f"{model_uri!r} is a folder but neither an MLflow model (no MLmodel file) nor a Hugging Face "
-                "model (no config.json); pass a models:/ or runs:/ URI or a save_pretrained folder."
-            )
-        return _load_folder(local, trust_remote_code)
-    _, model, tokenizer = _load_mlflow_model(model_uri, trust_remote_code)
+    _, model, tokenizer = _load_any(model_uri, trust_remote_code)
     return model, tokenizer
 
 
