@@ -120,3 +120,28 @@ def finish(path: Path, report: dict[str, Any], targets: list[dict[str, Any]], *,
     else:
         print("all targets met")
     return 0 if passed else 1
+
+
+def tiny_champion(work: Path, model_name: str) -> tuple[str, str, Any]:
+    """The tiny test model (``tests/unit/tiny_model.py``) fully fine-tuned in ``work`` and registered
+    as ``model_name@champion``: (tracking URI, version, the ``tiny_model`` module)."""
+    import sys
+
+    # tiny_model lives in tests/unit and imports from the tests folder (as ``tests.<module>``).
+    root_dir = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root_dir / "tests" / "unit"), str(root_dir)]
+    import tiny_model
+    from mlflow.tracking import MlflowClient
+    from sparktune.registry import register_run_model
+    from sparktune.training import using_tracking_uri
+
+    root = tiny_model.workspace(work)
+    result = tiny_model.trained(root, "full")
+    uri = tiny_model.tracking_uri(root)
+    client = MlflowClient(tracking_uri=uri)
+    with using_tracking_uri(uri):
+        version = register_run_model(
+            client, model_name, result.mlflow_run_id, {"data_fingerprint": "fp-bench"}
+        )
+    client.set_registered_model_alias(model_name, "champion", version)
+    return uri, str(version), tiny_model

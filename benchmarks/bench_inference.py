@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import finish, target  # noqa: E402
+from bench_common import finish, target, tiny_champion  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_SPEEDUP = 2.5
@@ -66,23 +66,9 @@ def _home() -> Path:
 
 
 def _model(work: Path) -> tuple[Any, str]:
-    # tiny_model lives in tests/unit and imports from the tests folder (as ``tests.<module>``).
-    sys.path[:0] = [str(ROOT / "tests" / "unit"), str(ROOT)]
-    import tiny_model
-    from mlflow.tracking import MlflowClient
     from sparktune.inference import resolve_model
-    from sparktune.registry import register_run_model
-    from sparktune.training import using_tracking_uri
 
-    root = tiny_model.workspace(work)
-    result = tiny_model.trained(root, "full")
-    uri = tiny_model.tracking_uri(root)
-    client = MlflowClient(tracking_uri=uri)
-    with using_tracking_uri(uri):
-        version = register_run_model(
-            client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-bench"}
-        )
-    client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    uri, _, tiny_model = tiny_champion(work, MODEL_NAME)
     return resolve_model(MODEL_NAME, "champion", uri, download_dir=work / "inference-models"), tiny_model
 
 

@@ -51,7 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_common import finish, not_checked, target  # noqa: E402
+from bench_common import finish, not_checked, target, tiny_champion  # noqa: E402
 
 TARGET_SPEEDUP = 2.0  # at TARGET_CONCURRENCY, the issue's
 TARGET_CONCURRENCY = 8
@@ -80,25 +80,10 @@ def bench_model(work: Path) -> BenchModel:
     its four intents, logged as the label pyfunc every version is, and registered. To time another
     version, return its name, version and tracking URI here: the servers take nothing else.
     """
-    # tiny_model lives in tests/unit and imports from the tests folder (as ``tests.<module>``).
-    sys.path[:0] = [str(ROOT / "tests" / "unit"), str(ROOT)]
-    import tiny_model
-    from mlflow.tracking import MlflowClient
-    from sparktune.registry import register_run_model
-    from sparktune.training import using_tracking_uri
-
-    root = tiny_model.workspace(work / "model")
-    result = tiny_model.trained(root, "full")
-    uri = tiny_model.tracking_uri(root)
-    client = MlflowClient(tracking_uri=uri)
-    with using_tracking_uri(uri):
-        version = register_run_model(
-            client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-bench"}
-        )
-    client.set_registered_model_alias(MODEL_NAME, "champion", version)
+    uri, version, tiny_model = tiny_champion(work / "model", MODEL_NAME)
     return BenchModel(
         MODEL_NAME,
-        str(version),
+        version,
         uri,
         f"{MODEL_NAME} v{version}: the tiny LLaMA fully fine-tuned on {len(tiny_model.LABELS)} intents, "
         "the label pyfunc (causal LM scored over its labels)",
