@@ -89,6 +89,8 @@ with DAG(
         tokenizer=_xcom("resolve_base_model"),
         source_uri=_xcom("merge_feedback", "source_uri"),
         source_format=_xcom("merge_feedback", "source_format"),
+        # The quality gate runs in the same Spark application; validate_data decides on its report.
+        validate_quality=True,
     )
 
     # After it: the prepared rows' content, for a source rewritten with the same rows.
@@ -102,6 +104,8 @@ with DAG(
         task_id="validate_data",
         prepared_uri=_xcom("prepare_data", "prepared_uri"),
         source_uri=_xcom("prepare_data", "source_uri"),
+        # None when prepare_data reused published data: then the gate runs here, on Spark.
+        quality_summary="{{ ti.xcom_pull(task_ids='prepare_data').get('quality') }}",
     )
 
     materialize_dataset = MaterializeDatasetOperator(

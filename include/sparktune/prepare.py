@@ -1298,7 +1298,12 @@ def _no_rows_left(
 
 
 def run_prepare(
-    spark: SparkSession, params: PipelineParams, tokenizer_path: str, lake_uri: str
+    spark: SparkSession,
+    params: PipelineParams,
+    tokenizer_path: str,
+    lake_uri: str,
+    *,
+    after_publish: Callable[[DataFrame, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Load, prepare, fingerprint and publish; a rerun on the same data rewrites nothing.
 
@@ -1306,6 +1311,9 @@ def run_prepare(
     ``{lake_uri}/quarantine/{fingerprint}/``; returns a small JSON-serializable summary. Bad input
     (missing source or column, empty source, undecodable bytes, no row surviving) raises a
     :class:`DataPreparationError` subclass and publishes no prepared data.
+
+    ``after_publish(source_df, summary)`` runs once the data is published, on the source as this
+    call read it (the job's quality gate); what it returns joins the summary.
     """
     from sparktune.fingerprint import data_fingerprint, tokenizer_fingerprint
 
@@ -1370,4 +1378,6 @@ def run_prepare(
     log.info("split counts: %s", json.dumps(summary["split_counts"]))
     for warning in summary["warnings"]:
         log.warning("%s", warning)
+    if after_publish is not None:
+        summary.update(after_publish(df, summary))
     return summary

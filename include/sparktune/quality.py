@@ -440,6 +440,23 @@ class QualityReport:
         """The Data Docs site's front page (every suite and run), as a file URI."""
         return (Path(self.data_docs_dir).resolve() / "index.html").as_uri() if self.data_docs_dir else None
 
+    @classmethod
+    def from_summary(cls, summary: Mapping[str, Any]) -> QualityReport:
+        """The report :meth:`to_summary` described (a job's, read back in the Airflow task)."""
+        return cls(
+            success=bool(summary["success"]),
+            failures=list(summary["failures"]),
+            evaluated=int(summary["evaluated"]),
+            statistics=copy.deepcopy(dict(summary.get("statistics") or {})),
+            data_docs_uri=summary["data_docs_uri"],
+            validation_pages=dict(summary.get("validation_pages") or {}),
+            warnings=list(summary.get("warnings") or []),
+            issues=[QualityIssue(**issue) for issue in summary.get("issues") or []],
+            rule_severities=dict(summary.get("rules") or {}),
+            data_docs_dir=summary.get("data_docs_dir"),
+            summary_path=summary.get("summary_path"),
+        )
+
     def to_summary(self) -> dict[str, Any]:
         """A small JSON-serializable summary for XCom, MLflow and the task log."""
         return {
@@ -511,6 +528,7 @@ def run_quality_gate(
     run_id: str | None = None,
     labels: Sequence[str] | None = None,
     raw_suite_name: str = RAW_INPUT,
+    raw_df: DataFrame | None = None,
 ) -> QualityReport:
     """Validate the raw source and, when ``prepared_uri`` is given, the prepared Parquet; one
     combined report, one JSON summary.
@@ -518,14 +536,16 @@ def run_quality_gate(
     Without ``prepared_uri`` only the raw input rules run (:func:`raw_rules`): a report over any
     table, no preparation needed. The raw input is read as preparation reads it
     (:func:`sparktune.prepare.load_source`) and validated under the suite ``raw_suite_name``
-    (its own name keeps a report's runs apart from the pipeline's in Data Docs). Data Docs are
+    (its own name keeps a report's runs apart from the pipeline's in Data Docs); ``raw_df``, the
+    source as a caller in the same Spark application read it already, saves a second read. Data Docs are
     updated under ``gx_root``; the summary is written to
     ``gx/uncommitted/quality_summaries/<run>/<time>.json`` beside GX's own results.
     """
     from sparktune.prepare import load_source
 
     warning_rules(params)  # a typo in the params fails here, before any Spark or GX work
-    raw_df = load_source(spark, source_uri, params.source_format)
+    if raw_df is None:
+        raw_df = load_source(spark, source_uri, params.source_format)
     prepared_df = None
     if prepared_uri is not None:
         prepared_df = spark.read.parquet(prepared_uri)

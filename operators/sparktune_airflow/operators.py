@@ -232,6 +232,12 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         ``MergeFeedbackOperator``'s new data version).
     :param source_format: (templated) the format of that source (``auto``, ``parquet``, ``csv``,
         ``json``, ``table``); default: the params'.
+    :param validate_quality: also run the data quality gate (``sparktune.quality``: raw input,
+        prepared rows, label counts) in the same Spark application once the data is published, and
+        return its report under ``quality`` for ``SparkQualityGateOperator(quality_summary=...)``
+        to decide on. One JVM and one read of the source instead of two. Needs a driver that can
+        write ``gx_root`` (spark-submit's default client mode). Default False.
+    :param gx_root: the Great Expectations project the gate writes to; default ``$SPARKTUNE_HOME/gx``.
     :param conn_id: the Spark connection spark-submit runs against (default ``spark_default``).
 
     Other keyword arguments go to ``SparkSubmitOperator`` (``conf``, ``executor_memory``, ...).
@@ -254,6 +260,8 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         lake_uri: str | None = None,
         source_uri: str | None = None,
         source_format: str | None = None,
+        validate_quality: bool = False,
+        gx_root: str | None = None,
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
@@ -267,6 +275,8 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self.lake_uri = lake_uri
         self.source_uri = source_uri
         self.source_format = source_format
+        self.validate_quality = validate_quality
+        self.gx_root = gx_root
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.prepare import DataPreparationError, resolve_source_uri
@@ -296,6 +306,9 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "--summary-path",
             str(summary_path),
         ]
+        if self.validate_quality:
+            gx_root = self.gx_root or str(settings().gx_root)
+            self.application_args += ["--gx-root", gx_root, "--quality-run-id", context["run_id"]]
         lake_uri = self.lake_uri or settings().lake_uri
         source_format = self.source_format or params.source_format
         effective = replace(params, source_uri=source_uri, source_format=source_format)
@@ -303,8 +316,11 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         summary = self._reused(lake_uri, key)
         if summary is None:
             summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
+            if summary.get("quality_error"):
+                self.log.warning("the job's quality gate did not run: %s", summary["quality_error"])
             if key:
-                record_prepared(lake_uri, key, summary)
+                # A data version's record, not this run's: the gate's thresholds may differ next time.
+                record_prepared(lake_uri, key, _without_quality(summary))
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -327,13 +343,17 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "tokenizer and code as the run that published %s): no Spark job.",
             found["data_fingerprint"],
         )
-        return {**found, "reused": True, "tokenizer": self.tokenizer}
+        return {**_without_quality(found), "reused": True, "tokenizer": self.tokenizer}
 
     def _lineage(self):
         """The source -> the prepared train/validation/test splits, versioned by the fingerprint."""
         from sparktune_airflow.lineage import prepare_lineage
 
         return prepare_lineage(self._lineage_result)
+
+
+def _without_quality(summary: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in summary.items() if k not in ("quality", "quality_error")}
 
 
 def _quality_gate(
@@ -348,14 +368,11 @@ def _quality_gate(
     spark: Any = None,
 ) -> dict[str, Any]:
     from sparktune.prepare import DataPreparationError, resolve_source_uri
-    from sparktune.quality import RAW_INPUT, format_failures, run_quality_gate
+    from sparktune.quality import RAW_INPUT, run_quality_gate
 
     # py4j logs a traceback at INFO for every socket the provider's session.stop() closes.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    # A templated flag renders as "True"/"False" unless the DAG renders native objects.
-    fail = {"true": True, "false": False}.get(str(fail_on_error).strip().lower())
-    if fail is None:
-        raise AirflowFailException(f"fail_on_error must be true or false, got {fail_on_error!r}")
+    fail = _fail_on_error(fail_on_error)
     typed = pipeline_params(pipeline_params_value, {"params": params})
     try:
         source = source_uri or resolve_source_uri(typed)
@@ -370,6 +387,21 @@ def _quality_gate(
         )
     except (DataPreparationError, ValueError) as exc:  # unreadable source, unknown rule name
         raise AirflowFailException(str(exc)) from exc
+    return _enforce_quality(report, fail, source)
+
+
+def _fail_on_error(value: bool | str) -> bool:
+    # A templated flag renders as "True"/"False" unless the DAG renders native objects.
+    fail = {"true": True, "false": False}.get(str(value).strip().lower())
+    if fail is None:
+        raise AirflowFailException(f"fail_on_error must be true or false, got {value!r}")
+    return fail
+
+
+def _enforce_quality(report: Any, fail: bool, source: str | None) -> dict[str, Any]:
+    """Fail the task on a failed error rule (``fail``), else log what failed; the summary for XCom."""
+    from sparktune.quality import format_failures
+
     print(f"quality: {report.evaluated} expectations, success={report.success}, docs {report.data_docs_uri}")
     print(f"Data Docs (every suite and run): {report.data_docs_index_uri}")
     if not report.success and fail:
@@ -406,10 +438,19 @@ class SparkQualityGateOperator(PySparkOperator):
         ``"true"`` and ``"false"`` are accepted.
     :param raw_suite_name: (templated) the GX suite the raw input is validated under; default
         ``raw_input``. A name of its own keeps a report's runs apart from the pipeline's in Data Docs.
+    :param quality_summary: (templated) the report a ``PrepareDataOperator(validate_quality=True)``
+        job returned under ``quality``: the same rules, already run in the preparation's Spark
+        application, so this task only decides (``fail_on_error``) and starts no Spark session.
+        None or empty (a prepare step that reused published data, or ran no gate): validate here.
     :param conn_id: the Spark connection of the session (default ``spark_default``).
     """
 
-    template_fields: Sequence[str] = (*PySparkOperator.template_fields, "prepared_uri", "source_uri")
+    template_fields: Sequence[str] = (
+        *PySparkOperator.template_fields,
+        "prepared_uri",
+        "source_uri",
+        "quality_summary",
+    )
     operator_extra_links = (DataDocsLink(),)
 
     def __init__(
@@ -421,6 +462,7 @@ class SparkQualityGateOperator(PySparkOperator):
         gx_root: str | None = None,
         fail_on_error: bool | str = True,
         raw_suite_name: str | None = None,
+        quality_summary: dict[str, Any] | None = None,
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
@@ -439,6 +481,7 @@ class SparkQualityGateOperator(PySparkOperator):
         )
         self.prepared_uri = prepared_uri
         self.source_uri = source_uri
+        self.quality_summary = quality_summary
 
     def execute(self, context: Any) -> Any:
         # Params and locations first: a bad value fails here, before a Spark session starts.
@@ -447,10 +490,31 @@ class SparkQualityGateOperator(PySparkOperator):
         )
         source = self.op_kwargs.get("source_uri")
         check_allowed_location("source_uri", source, typed.source_format)
+        if self.quality_summary:
+            return self._decide_on(self.quality_summary, source)
         if DRIVER_JAVA_OPTIONS not in _connection_extra(self.conn_id):
             size = input_bytes(source or _default_source_uri(typed))
             self.config_kwargs = short_job_conf(self.config_kwargs, size)
         return super().execute(context)
+
+    def _decide_on(self, summary: dict[str, Any], source: str | None) -> dict[str, Any]:
+        """The gate on a report the preparation job wrote: the decision, no second validation."""
+        from sparktune.quality import QualityReport
+
+        fail = _fail_on_error(self.op_kwargs.get("fail_on_error", True))
+        try:
+            report = QualityReport.from_summary(summary)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AirflowFailException(
+                f"quality_summary is not a quality report ({type(exc).__name__}: {exc}); pass the "
+                "'quality' of a PrepareDataOperator(validate_quality=True) result, or None to validate here"
+            ) from exc
+        self.log.info(
+            "The preparation job validated this data in its own Spark application (%s): deciding on "
+            "its report, no Spark session here.",
+            summary.get("summary_path"),
+        )
+        return _enforce_quality(report, fail, summary.get("source_uri") or source)
 
 
 def _connection_extra(conn_id: str | None) -> dict[str, Any]:

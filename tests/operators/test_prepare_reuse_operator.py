@@ -74,3 +74,40 @@ def test_a_run_on_the_same_inputs_takes_the_published_output_without_spark(home,
     (home / "home" / "lake" / "prepared" / "f2" / "_SUCCESS").unlink()
     _run(source, tokenizer, try_number=5)
     assert submits == ["f0", "f1", "f2", "f3"]
+
+
+def test_the_quality_gate_runs_in_the_job_and_a_reused_version_is_validated_again(home, monkeypatch):
+    """validate_quality asks the job for the gate under this run's id; its report is this run's,
+    so the lake's record of the data version keeps none, and a reuse leaves the gate to validate_data."""
+    seen: list[list[str]] = []
+
+    def publish(operator, context, summary_path, job):
+        seen.append(list(operator.application_args))
+        for kind in ("prepared", "quarantine"):
+            folder = home / "home" / "lake" / kind / "f0"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "_SUCCESS").write_text("")
+        return {"steps": [], "data_fingerprint": "f0", "reused": False, "tokenizer": "t",
+                "prepared_uri": str(home / "home" / "lake" / "prepared" / "f0"),
+                "quarantine_uri": str(home / "home" / "lake" / "quarantine" / "f0"),
+                "quality": {"success": True, "evaluated": 26}}  # fmt: skip
+
+    monkeypatch.setattr(operators, "_submit_and_read_summary", publish)
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    (home / "tok").mkdir()
+    (home / "tok" / "tokenizer.json").write_text("{}")
+    outputs = []
+    for try_number in (1, 2):
+        ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
+                             try_number=try_number)  # fmt: skip
+        operator = PrepareDataOperator(
+            task_id="prepare_data", tokenizer=str(home / "tok"), validate_quality=True, gx_root="/gx"
+        )
+        context = {"params": {"source_uri": str(source)}, "ti": ti, "run_id": ti.run_id}
+        outputs.append(operator.execute(context))
+    (args,) = seen  # the second run reused the published data: one job
+    assert args[args.index("--gx-root") + 1] == "/gx"
+    assert args[args.index("--quality-run-id") + 1] == "manual__1"
+    assert outputs[0]["quality"] == {"success": True, "evaluated": 26}
+    assert outputs[1]["reused"] is True and "quality" not in outputs[1]

@@ -90,3 +90,56 @@ def test_operator_needs_no_prepared_data_and_templates_its_inputs(tmp_path):
     assert task.op_kwargs["fail_on_error"] == "{{ params.fail_on_error }}"
     assert task.op_kwargs["raw_suite_name"] == "reviews_report"
     assert {"op_kwargs", "source_uri", "prepared_uri"} <= set(task.template_fields)
+
+
+def _job_report(tmp_path) -> dict:
+    """What a prepare job that ran the gate returns under ``quality``: one failed error rule."""
+    issue = QualityIssue("raw_label_null_rate", RAW_INPUT, ERROR, "max_null_rate", FAILED_LINE)
+    report = QualityReport(
+        success=False,
+        failures=[FAILED_LINE],
+        evaluated=26,
+        statistics={"raw_input": {"rows": 500}},
+        data_docs_uri="file:///docs/rows.html",
+        issues=[issue],
+        rule_severities={"raw_label_null_rate": ERROR},
+        data_docs_dir=str(tmp_path / "site"),
+    )
+    return {**report.to_summary(), "source_uri": str(tmp_path / "reviews.jsonl")}
+
+
+@pytest.mark.parametrize("fail_on_error", [True, False])
+def test_a_report_from_the_prepare_job_is_decided_on_without_a_second_validation(
+    calls, tmp_path, fail_on_error, monkeypatch
+):
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    monkeypatch.setattr(PySparkOperator, "execute_callable", lambda self: pytest.fail("a Spark session"))
+    report = _job_report(tmp_path)
+    task = SparkQualityGateOperator(
+        task_id="validate_data",
+        source_uri=str(tmp_path / "reviews.jsonl"),
+        gx_root=str(tmp_path / "gx"),
+        fail_on_error=fail_on_error,
+        quality_summary=report,
+    )
+    context = {"params": {"label_column": "stars"}, "run_id": "manual__1"}
+    if fail_on_error:
+        with pytest.raises(AirflowFailException) as error:
+            task.execute(context)
+        assert "Data quality gate failed: 1 of 26 expectations not met" in str(error.value)
+        assert FAILED_LINE in str(error.value)
+    else:
+        summary = task.execute(context)
+        # The report as the job wrote it, so XCom, links and MLflow see what a validation here gives.
+        assert summary == report
+    assert calls == []  # no validation of its own
+
+
+def test_a_quality_summary_that_is_not_a_report_fails_with_what_to_pass(calls, tmp_path):
+    task = SparkQualityGateOperator(
+        task_id="validate_data", source_uri=str(tmp_path / "reviews.jsonl"), quality_summary={"rows": 3}
+    )
+    with pytest.raises(AirflowFailException, match="quality_summary is not a quality report .*KeyError"):
+        task.execute({"params": {}, "run_id": "manual__1"})
+    assert calls == []

@@ -367,7 +367,11 @@ def test_job_rejects_bad_params_before_starting_spark(caplog):
     assert "min_chars" in errors and "max_length" in errors  # every problem, in one message
 
 
-def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
+def test_job_runs_under_spark_submit_with_the_quality_gate_in_the_same_application(
+    spark, tokenizer_path, tmp_path, monkeypatch
+):
+    from sparktune.quality import run_quality_gate
+
     source = write_source(tmp_path)
     summary_path = tmp_path / "out" / "summary.json"
     root = Path(__file__).resolve().parents[2]
@@ -394,6 +398,10 @@ def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
             str(tmp_path / "lake"),
             "--summary-path",
             summary_path.as_uri(),
+            "--gx-root",
+            str(tmp_path / "gx"),
+            "--quality-run-id",
+            "manual__job",
         ],
         env=env,
         capture_output=True,
@@ -406,6 +414,46 @@ def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
     assert (Path(summary["prepared_uri"]) / "split=train").is_dir()
     # spark-submit merges the Python driver's stderr into its stdout: the step table is there.
     assert "min_quality_score            62           62" in result.stdout
+
+    # The gate ran in the job, after publishing: the report the validate_data task decides on,
+    # the same one a validation of its own (another Spark application) gives.
+    quality = summary["quality"]
+    assert "quality_error" not in summary
+    assert quality["source_uri"] == str(source) and quality["evaluated"] > 20
+    for page in quality["validation_pages"].values():
+        assert Path(page.removeprefix("file://")).is_file(), page
+    monkeypatch.setattr(sys, "path", list(sys.path))  # GX puts the project's plugins folder on it
+    alone = run_quality_gate(
+        spark,
+        parse_params({"source_uri": str(source)}),
+        source_uri=str(source),
+        gx_root=tmp_path / "gx-alone",
+        prepared_uri=summary["prepared_uri"],
+        run_id="manual__alone",
+    ).to_summary()
+    for key in ("success", "evaluated", "failures", "warnings", "issues", "rules"):
+        assert quality[key] == alone[key], key
+    assert quality["statistics"]["prepared"] == alone["statistics"]["prepared"]
+    assert quality["statistics"]["raw_input"] == alone["statistics"]["raw_input"]
+
+
+def test_a_quality_gate_that_cannot_run_in_the_job_is_recorded_not_raised(
+    spark, tokenizer_path, tmp_path, monkeypatch
+):
+    from sparktune.jobs.prepare_data import main
+
+    source = write_source(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    not_a_folder = tmp_path / "gx"
+    not_a_folder.write_text("a file where the GX project should be")
+    summary_path = tmp_path / "summary.json"
+    args = ["--params-json", json.dumps({"source_uri": str(source)}), "--tokenizer", tokenizer_path]
+    args += ["--lake-uri", str(tmp_path / "lake"), "--summary-path", str(summary_path)]
+    assert main([*args, "--gx-root", str(not_a_folder), "--quality-run-id", "r"]) == 0
+    summary = json.loads(summary_path.read_text())
+    # Published all the same; validate_data then runs the gate in a Spark application of its own.
+    assert "quality" not in summary and summary["quality_error"]
+    assert (Path(summary["prepared_uri"]) / "_SUCCESS").exists()
 
 
 def test_publish_replaces_a_half_written_folder_and_skips_a_complete_one(spark, tmp_path):

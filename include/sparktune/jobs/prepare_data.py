@@ -2,9 +2,12 @@
 
     spark-submit --master local[2] include/sparktune/jobs/prepare_data.py \\
         --params-json '{"source_uri": "/data/tickets.jsonl"}' --tokenizer /models/base \\
-        --lake-uri /lake --summary-path /tmp/summary.json
+        --lake-uri /lake --summary-path /tmp/summary.json [--gx-root /gx --quality-run-id RUN]
 
 The master, executors and Spark conf come from spark-submit (or the Airflow Spark connection).
+With ``--gx-root`` the data quality gate (``sparktune.quality``) runs in the same application once
+the data is published, on the source as it was read: one JVM, one read, and Great Expectations
+imported while the JVM starts (docs/decisions/0007-quality-gate-in-the-prepare-job.md).
 Exit codes: 0 done; 2 bad params or bad data (deterministic: retrying will not help; the summary
 file then holds ``{"error": message, "kind": exception class}``); anything else is an unexpected
 failure worth a retry.
@@ -13,9 +16,14 @@ failure worth a retry.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from sparktune.jobs.summary import bad_input, write_summary
 
@@ -37,12 +45,62 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="Root of the lake (default: SPARKTUNE_LAKE_URI or SPARKTUNE_HOME/lake)",
     )
     parser.add_argument("--summary-path", default=None, help="Local path or file:// URI for the summary JSON")
+    parser.add_argument(
+        "--gx-root",
+        default=None,
+        help="Also run the data quality gate in this application, after publishing, with this Great "
+        "Expectations project (a folder the driver can write); its report goes under 'quality'",
+    )
+    parser.add_argument(
+        "--quality-run-id", default=None, help="The run id Data Docs file the validation under"
+    )
     return parser.parse_args(argv)
+
+
+def _import_in_background(module: str) -> threading.Thread:
+    """Import ``module`` on a thread while the driver waits on the JVM: great_expectations takes
+    seconds to import, and the main thread spends those seconds blocked on py4j's socket."""
+    thread = threading.Thread(target=importlib.import_module, args=(module,), daemon=True)
+    thread.start()
+    return thread
+
+
+def quality_gate(
+    spark: Any, params: Any, gx_root: str, run_id: str | None
+) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    """The quality gate as ``run_prepare``'s ``after_publish``: the source as preparation read it
+    and the prepared rows as published, in this Spark application.
+
+    An unexpected error is recorded (``quality_error``), not raised: the data is published, and the
+    ``validate_data`` task runs the gate in an application of its own when no report came back.
+    """
+
+    def validate(source_df: Any, summary: dict[str, Any]) -> dict[str, Any]:
+        from sparktune.quality import run_quality_gate
+
+        try:
+            report = run_quality_gate(
+                spark,
+                params,
+                source_uri=summary["source_uri"],
+                gx_root=Path(gx_root),
+                prepared_uri=summary["prepared_uri"],
+                run_id=run_id,
+                raw_df=source_df,
+            )
+        except Exception as exc:  # noqa: BLE001 (see the docstring)
+            log.warning("quality gate not run in this application (%s: %s)", type(exc).__name__, exc)
+            return {"quality_error": f"{type(exc).__name__}: {exc}"}
+        return {"quality": {**report.to_summary(), "source_uri": summary["source_uri"]}}
+
+    return validate
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.gx_root:
+        _import_in_background("great_expectations")
 
     from sparktune.model_safety import UnsafeModelError
     from sparktune.params import InvalidParamsError, parse_params
@@ -67,7 +125,8 @@ def main(argv: list[str]) -> int:
     owns_session = SparkSession.getActiveSession() is None
     spark = SparkSession.builder.appName(APP_NAME).getOrCreate()
     try:
-        summary = run_prepare(spark, params, args.tokenizer, args.lake_uri)
+        validate = quality_gate(spark, params, args.gx_root, args.quality_run_id) if args.gx_root else None
+        summary = run_prepare(spark, params, args.tokenizer, args.lake_uri, after_publish=validate)
     except (DataPreparationError, UnsafeModelError) as exc:  # UnsafeModelError: the tokenizer's folder
         return bad_input(log, exc, args.summary_path)
     finally:
