@@ -367,11 +367,7 @@ def test_job_rejects_bad_params_before_starting_spark(caplog):
     assert "min_chars" in errors and "max_length" in errors  # every problem, in one message
 
 
-def test_job_runs_under_spark_submit_with_the_quality_gate_in_the_same_application(
-    spark, tokenizer_path, tmp_path, monkeypatch
-):
-    from sparktune.quality import run_quality_gate
-
+def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
     source = write_source(tmp_path)
     summary_path = tmp_path / "out" / "summary.json"
     root = Path(__file__).resolve().parents[2]
@@ -398,10 +394,6 @@ def test_job_runs_under_spark_submit_with_the_quality_gate_in_the_same_applicati
             str(tmp_path / "lake"),
             "--summary-path",
             summary_path.as_uri(),
-            "--gx-root",
-            str(tmp_path / "gx"),
-            "--quality-run-id",
-            "manual__job",
         ],
         env=env,
         capture_output=True,
@@ -415,26 +407,37 @@ def test_job_runs_under_spark_submit_with_the_quality_gate_in_the_same_applicati
     # spark-submit merges the Python driver's stderr into its stdout: the step table is there.
     assert "min_quality_score            62           62" in result.stdout
 
-    # The gate ran in the job, after publishing: the report the validate_data task decides on,
-    # the same one a validation of its own (another Spark application) gives.
+    assert "quality" not in summary  # no --gx-root, no gate
+
+
+def test_the_job_runs_the_quality_gate_after_publishing_on_the_source_it_read(
+    spark, tokenizer_path, tmp_path, monkeypatch
+):
+    import sparktune.prepare
+    from sparktune.jobs.prepare_data import main
+    from sparktune.quality import quality_rules, raw_rules
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # GX puts the project's plugins folder on it
+    source = write_source(tmp_path)
+    summary_path = tmp_path / "summary.json"
+    args = ["--params-json", json.dumps({"source_uri": str(source)}), "--tokenizer", tokenizer_path]
+    args += ["--lake-uri", str(tmp_path / "lake"), "--summary-path", str(summary_path)]
+    read_again = []
+    monkeypatch.setattr(sparktune.prepare, "load_source", lambda *a, **k: read_again.append(a))
+    assert main([*args, "--gx-root", str(tmp_path / "gx"), "--quality-run-id", "manual__job"]) == 0
+    summary = json.loads(summary_path.read_text())
     quality = summary["quality"]
-    assert "quality_error" not in summary
-    assert quality["source_uri"] == str(source) and quality["evaluated"] > 20
+    assert read_again == []  # the gate validated the DataFrame preparation read
+    # Every rule validate_data runs, with its severity, over the rows read and the rows published.
+    params = parse_params({"source_uri": str(source)})
+    expected = {r.name: r.severity for r in [*raw_rules(params), *quality_rules(params)]}
+    assert quality["rules"] == expected and quality["evaluated"] == len(expected)
+    assert quality["statistics"]["raw_input"]["rows"] == summary["rows_in"] == 62
+    assert quality["statistics"]["prepared"]["rows"] == summary["rows_out"] == 60
+    assert quality["source_uri"] == str(source)
+    assert set(quality["validation_pages"]) == {"raw_input", "rows", "label_counts"}
     for page in quality["validation_pages"].values():
         assert Path(page.removeprefix("file://")).is_file(), page
-    monkeypatch.setattr(sys, "path", list(sys.path))  # GX puts the project's plugins folder on it
-    alone = run_quality_gate(
-        spark,
-        parse_params({"source_uri": str(source)}),
-        source_uri=str(source),
-        gx_root=tmp_path / "gx-alone",
-        prepared_uri=summary["prepared_uri"],
-        run_id="manual__alone",
-    ).to_summary()
-    for key in ("success", "evaluated", "failures", "warnings", "issues", "rules"):
-        assert quality[key] == alone[key], key
-    assert quality["statistics"]["prepared"] == alone["statistics"]["prepared"]
-    assert quality["statistics"]["raw_input"] == alone["statistics"]["raw_input"]
 
 
 def test_a_quality_gate_that_cannot_run_in_the_job_is_recorded_not_raised(
