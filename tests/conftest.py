@@ -107,14 +107,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupScheduling(config, log)
 
 
-@pytest.fixture(scope="session")
-def tiny_base_model(tmp_path_factory, worker_id) -> Path:
+def _shared_base_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """The built-in base model (``tiny-llama``), built once per test run and shared by the workers.
 
     Building it is about 50 s of CPU (a tokenizer and 400 pre-training steps); every home that
-    trains would otherwise build the same model again. ``install_base_model`` copies it where
-    ``resolve_base_model`` looks, as on a deployment that built it before. Building it is
-    tested in tests/unit/test_base_model.py.
+    trains would otherwise build the same model again. Building it is tested in
+    tests/unit/test_base_model.py.
     """
     from filelock import FileLock
     from sparktune.base_model import ensure_base_model
@@ -129,14 +127,21 @@ def tiny_base_model(tmp_path_factory, worker_id) -> Path:
 
 
 @pytest.fixture(scope="session")
-def install_base_model(tiny_base_model):
-    """A function that copies the session's built-in base model into a SPARKTUNE_HOME."""
+def install_base_model(tmp_path_factory, worker_id):
+    """A function that copies the session's built-in base model into a SPARKTUNE_HOME, where
+    ``resolve_base_model`` looks, as on a deployment that built it before.
+
+    The model is built (or waited for) at the first call, not when the fixture is set up: the
+    worker that does not build it starts its own work meanwhile (the stack starts its services
+    first, and installs the model before its first run).
+    """
     import shutil
 
     from sparktune.config import Settings
 
     def install(home: Path) -> None:
-        shutil.copytree(tiny_base_model, Settings(home=home).tiny_base_model_dir)
+        built = _shared_base_model(tmp_path_factory, worker_id)
+        shutil.copytree(built, Settings(home=home).tiny_base_model_dir)
 
     return install
 

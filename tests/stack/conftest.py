@@ -97,7 +97,6 @@ def stack(tmp_path_factory, install_base_model) -> Stack:
          str(home / "data" / "support_tickets.jsonl")],
         check=True,
     )  # fmt: skip
-    install_base_model(home)  # the session's built-in base model (tests/conftest.py)
     # What batch_inference scores by default when a promotion starts it (test_full_stack).
     subprocess.run(
         [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11", "--out",
@@ -142,6 +141,13 @@ def stack(tmp_path_factory, install_base_model) -> Stack:
     try:
         up(config, timeout=300, base=base)
     except StackError:
+        down(config, purge=True)
+        raise
+    try:
+        # After the services start: the other worker builds the session's base model meanwhile
+        # (tests/conftest.py), and nothing runs a DAG before this returns.
+        install_base_model(home)
+    except BaseException:
         down(config, purge=True)
         raise
     try:
