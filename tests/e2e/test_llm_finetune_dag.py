@@ -142,6 +142,17 @@ def test_dataset_on_disk_is_the_fingerprinted_arrow_dataset(home, happy_run):
     assert any((home / "gx").rglob("index.html")), "Great Expectations Data Docs were not written"
 
 
+def test_the_quality_gate_ran_in_the_preparation_job_and_validate_data_decided_on_it(home, happy_run):
+    client = _client(home)
+    run_id = client.get_model_version_by_alias("support-intent", "champion").run_id
+    folder = Path(client.download_artifacts(run_id, "pipeline", str(home / "pipeline-artifacts")))
+    prepared = json.loads((folder / "prepare_summary.json").read_text())
+    decided = json.loads((folder / "quality_summary.json").read_text())
+    # validate_data's result is the report the prepare job wrote, and it started no Spark session.
+    assert prepared["quality"] == decided and decided["success"] is True and decided["evaluated"] > 20
+    assert "deciding on its report, no Spark session here" in happy_run.stdout + happy_run.stderr
+
+
 def test_every_task_emitted_lineage(home, happy_run):
     events = [json.loads(line) for line in (home / "lineage" / "events.jsonl").read_text().splitlines()]
     completed = {e["job"]["name"] for e in events if e.get("eventType") == "COMPLETE"}
