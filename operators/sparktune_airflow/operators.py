@@ -9,6 +9,7 @@ counts; never data). Deterministic failures (invalid params, bad data, a failed 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -490,8 +491,9 @@ class SparkQualityGateOperator(PySparkOperator):
         )
         source = self.op_kwargs.get("source_uri")
         check_allowed_location("source_uri", source, typed.source_format)
-        if self.quality_summary:
-            return self._decide_on(self.quality_summary, source)
+        report = _rendered_dict(self.quality_summary)
+        if report:
+            return self._decide_on(report, source)
         if DRIVER_JAVA_OPTIONS not in _connection_extra(self.conn_id):
             size = input_bytes(source or _default_source_uri(typed))
             self.config_kwargs = short_job_conf(self.config_kwargs, size)
@@ -515,6 +517,19 @@ class SparkQualityGateOperator(PySparkOperator):
             summary.get("summary_path"),
         )
         return _enforce_quality(report, fail, summary.get("source_uri") or source)
+
+
+def _rendered_dict(value: Any) -> Any:
+    """A templated dict: as is under native rendering, else its rendered repr read back ("None" and
+    "" for none), like :func:`_flag` for booleans."""
+    if not isinstance(value, str):
+        return value
+    if value.strip() in ("", "None"):
+        return None
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value  # _decide_on names what was expected
 
 
 def _connection_extra(conn_id: str | None) -> dict[str, Any]:

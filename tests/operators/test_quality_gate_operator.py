@@ -143,3 +143,25 @@ def test_a_quality_summary_that_is_not_a_report_fails_with_what_to_pass(calls, t
     with pytest.raises(AirflowFailException, match="quality_summary is not a quality report .*KeyError"):
         task.execute({"params": {}, "run_id": "manual__1"})
     assert calls == []
+
+
+def test_a_report_rendered_as_text_is_read_back_and_none_validates_here(calls, tmp_path, monkeypatch):
+    """A DAG that does not render native objects passes the report as its repr, and None as "None"."""
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+
+    sessions: list[str] = []
+    monkeypatch.setattr(PySparkOperator, "execute_callable", lambda self: sessions.append(self.task_id))
+    report = _job_report(tmp_path)
+    context = {"params": {"label_column": "stars"}, "run_id": "manual__1"}
+
+    def task(rendered: str) -> SparkQualityGateOperator:
+        return SparkQualityGateOperator(
+            task_id="validate_data",
+            source_uri=str(tmp_path / "reviews.jsonl"),
+            fail_on_error=False,
+            quality_summary=rendered,
+        )
+
+    assert task(repr(report)).execute(context) == report and sessions == []
+    task("None").execute(context)
+    assert sessions == ["validate_data"]  # no report: the gate runs in a session of its own
