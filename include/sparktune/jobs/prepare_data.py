@@ -57,12 +57,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _import_in_background(module: str) -> threading.Thread:
+def _import_in_background(module: str) -> None:
     """Import ``module`` on a thread while the driver waits on the JVM: great_expectations takes
     seconds to import, and the main thread spends those seconds blocked on py4j's socket."""
-    thread = threading.Thread(target=importlib.import_module, args=(module,), daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
 
 
 def quality_gate(
