@@ -29,6 +29,8 @@ COPY --chown=airflow:root include /opt/sparktune/include
 COPY --chown=airflow:root operators /opt/sparktune/operators
 RUN pip install --no-cache-dir --no-deps /opt/sparktune \
  && python -c "import sparktune, sparktune_airflow"
+# Spark's classes recorded into the image (~/.cache/sparktune): every driver starts with them mapped.
+RUN python -m sparktune.spark_jvm build-class-archive
 COPY --chown=airflow:root dags /opt/airflow/dags
 COPY --chown=airflow:root plugins /opt/airflow/plugins
 # OpenLineage transport configurations (AIRFLOW__OPENLINEAGE__CONFIG_PATH picks one).

@@ -150,9 +150,11 @@ def install_base_model(tmp_path_factory, worker_id):
 def spark():
     """One local Spark session for every test that needs one (a JVM start costs seconds)."""
     from pyspark.sql import SparkSession
+    from sparktune.spark_jvm import short_job_conf
 
     session = (
         SparkSession.builder.master("local[1]")
+        .config(map=short_job_conf({}, None))  # the class archive, as the pipeline's drivers
         .appName("sparktune-tests")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")

@@ -30,6 +30,7 @@ from sparktune_airflow.operators import (
     config_hash,
     job_path,
     pipeline_params,
+    session_jvm_conf,
     skip_downstream,
 )
 from sparktune_airflow.spark_submit import SparkSubmitOperator
@@ -314,6 +315,8 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
             "batch_id": f"{ti.dag_id}__{ti.run_id}",
             "corrected_at": (context.get("logical_date") or context["dag_run"].run_after).isoformat(),
         }
+        # It also reads the feedback table and the serving captures: the inputs' size is not known.
+        self.config_kwargs = session_jvm_conf(self.conn_id, self.config_kwargs, None)
         return super().execute(context)
 
 
@@ -388,6 +391,10 @@ class MergeFeedbackOperator(PySparkOperator):
         params = pipeline_params(self.pipeline_params, context)
         feedback_uri = settings().feedback_uri
         if params.merge_feedback and corrections_present(feedback_uri):
+            from sparktune.spark_jvm import input_bytes
+
+            size = input_bytes(_source_uri(params))
+            self.config_kwargs = session_jvm_conf(self.conn_id, self.config_kwargs, size)
             return super().execute(context)
         # Nothing to merge: no Spark session is started for it.
         why = "merge_feedback is off" if not params.merge_feedback else f"no corrections in {feedback_uri}"

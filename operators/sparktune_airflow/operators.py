@@ -494,9 +494,9 @@ class SparkQualityGateOperator(PySparkOperator):
         report = _rendered_dict(self.quality_summary)
         if report:
             return self._decide_on(report, source)
-        if DRIVER_JAVA_OPTIONS not in _connection_extra(self.conn_id):
-            size = input_bytes(source or _default_source_uri(typed))
-            self.config_kwargs = short_job_conf(self.config_kwargs, size)
+        self.config_kwargs = session_jvm_conf(
+            self.conn_id, self.config_kwargs, input_bytes(source or _default_source_uri(typed))
+        )
         return super().execute(context)
 
     def _decide_on(self, summary: dict[str, Any], source: str | None) -> dict[str, Any]:
@@ -530,6 +530,14 @@ def _rendered_dict(value: Any) -> Any:
         return ast.literal_eval(value)
     except (ValueError, SyntaxError):
         return value  # _decide_on names what was expected
+
+
+def session_jvm_conf(conn_id: str | None, config: dict[str, Any] | None, size: int | None) -> dict[str, Any]:
+    """A ``PySparkOperator``'s session conf with the driver's JVM options (``short_job_conf``) for an
+    input of ``size`` bytes (None: unknown), unless the connection's extra sets them."""
+    if DRIVER_JAVA_OPTIONS in _connection_extra(conn_id):
+        return dict(config or {})
+    return short_job_conf(config, size)
 
 
 def _connection_extra(conn_id: str | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import sparktune_airflow.operators as operators
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
-from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, SHORT_JOB_JAVA_OPTIONS
+from sparktune.spark_jvm import CLASS_ARCHIVE_ENV, DRIVER_JAVA_OPTIONS, SHORT_JOB_JAVA_OPTIONS
 from sparktune_airflow import PrepareDataOperator, SparkQualityGateOperator
 
 SUMMARY = {"steps": [], "data_fingerprint": "f" * 20, "prepared_uri": "/lake/prepared/f"}
@@ -35,6 +35,8 @@ def submitted(monkeypatch):
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
+    # No class archive unless a test writes one here (the user's cache may hold a real one).
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV, str(tmp_path / "spark.jsa"))
     return tmp_path
 
 
@@ -53,6 +55,18 @@ def test_prepare_on_a_large_input_or_a_table_keeps_the_jvm_defaults(home, submit
     PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(source))
     PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context("sales.tickets"))
     assert all(DRIVER_JAVA_OPTIONS not in conf for conf in submitted)
+
+
+def test_every_driver_maps_the_class_archive_when_the_environment_has_one(home, submitted, monkeypatch):
+    (home / "spark.jsa").write_bytes(b"archive")
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context(source))
+    archive = f"-XX:SharedArchiveFile={home / 'spark.jsa'}"
+    assert submitted[-1][DRIVER_JAVA_OPTIONS] == f"{SHORT_JOB_JAVA_OPTIONS} {archive}"
+    # A large input or a table keeps the JIT and collector defaults, and still starts faster.
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t").execute(_context("sales.tickets"))
+    assert submitted[-1][DRIVER_JAVA_OPTIONS] == archive
 
 
 def test_the_users_java_options_win(home, submitted):
