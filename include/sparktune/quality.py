@@ -188,6 +188,16 @@ def quality_rules(params: PipelineParams, labels: Sequence[str] | None = None) -
     return _with_severity(_prepared_rules(params, labels), params)
 
 
+def rules_key(params: PipelineParams) -> str:
+    """A 24-hex-digit key of every rule :func:`run_quality_gate` runs for ``params`` (no label set):
+    thresholds, severities and the expectations themselves. Two runs whose keys match check the
+    same data the same way, so a report on unchanged data holds for both."""
+    import hashlib
+
+    rules = [asdict(rule) for rule in raw_rules(params) + quality_rules(params)]
+    return hashlib.sha256(json.dumps(rules, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
 def _every_column_params() -> PipelineParams:
     """Defaults with every optional column named, so every rule there can be is built."""
     # Built from unchecked defaults, not parse_params: params validation may call this.

@@ -314,14 +314,13 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         source_format = self.source_format or params.source_format
         effective = replace(params, source_uri=source_uri, source_format=source_format)
         key = inputs_key(files_signature(listed), effective, self.tokenizer)
-        summary = self._reused(lake_uri, key)
+        summary = self._reused(lake_uri, key, params)
         if summary is None:
             summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
             if summary.get("quality_error"):
                 self.log.warning("the job's quality gate did not run: %s", summary["quality_error"])
             if key:
-                # A data version's record, not this run's: the gate's thresholds may differ next time.
-                record_prepared(lake_uri, key, _without_quality(summary))
+                record_prepared(lake_uri, key, _recorded(summary, params))
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -333,9 +332,9 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self.log.info("data fingerprint %s -> %s", summary["data_fingerprint"], summary["prepared_uri"])
         return self._keep(summary)
 
-    def _reused(self, lake_uri: str, key: str | None) -> dict[str, Any] | None:
+    def _reused(self, lake_uri: str, key: str | None, params: PipelineParams) -> dict[str, Any] | None:
         """The summary of the prepared data the lake holds for these very inputs, if it does
-        (sparktune.prepare_reuse)."""
+        (sparktune.prepare_reuse), with its quality report when this run's gate has the same rules."""
         found = find_prepared(lake_uri, key) if key else None
         if found is None:
             return None
@@ -344,7 +343,21 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "tokenizer and code as the run that published %s): no Spark job.",
             found["data_fingerprint"],
         )
-        return {**_without_quality(found), "reused": True, "tokenizer": self.tokenizer}
+        reused = {**_without_quality(found), "reused": True, "tokenizer": self.tokenizer}
+        reused.pop(QUALITY_RULES_KEY, None)
+        if self.validate_quality and found.get("quality"):
+            from sparktune.quality import rules_key
+
+            if found.get(QUALITY_RULES_KEY) == rules_key(params):
+                self.log.info(
+                    "Its quality report holds for this run: the same data under the same rules "
+                    "(Data Docs: %s).",
+                    found["quality"].get("data_docs_uri"),
+                )
+                reused["quality"] = found["quality"]
+            else:
+                self.log.info("The gate's rules changed since its report: validate_data checks it again.")
+        return reused
 
     def _lineage(self):
         """The source -> the prepared train/validation/test splits, versioned by the fingerprint."""
@@ -355,6 +368,23 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
 
 def _without_quality(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if k not in ("quality", "quality_error")}
+
+
+# The reuse record's key of the rules its quality report was made under (sparktune.quality.rules_key).
+QUALITY_RULES_KEY = "quality_rules_key"
+
+
+def _recorded(summary: dict[str, Any], params: PipelineParams) -> dict[str, Any]:
+    """What the lake records for a data version: the job's summary, and its quality report with the
+    key of the rules it checked; a later run on the same inputs reuses the report only under the
+    same rules (an error running the gate is not recorded)."""
+    recorded = _without_quality(summary)
+    if summary.get("quality"):
+        from sparktune.quality import rules_key
+
+        recorded["quality"] = summary["quality"]
+        recorded[QUALITY_RULES_KEY] = rules_key(params)
+    return recorded
 
 
 def _quality_gate(

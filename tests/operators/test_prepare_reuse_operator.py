@@ -76,10 +76,13 @@ def test_a_run_on_the_same_inputs_takes_the_published_output_without_spark(home,
     assert submits == ["f0", "f1", "f2", "f3"]
 
 
-def test_the_quality_gate_runs_in_the_job_and_a_reused_version_is_validated_again(home, monkeypatch):
-    """validate_quality asks the job for the gate under this run's id; its report is this run's,
-    so the lake's record of the data version keeps none, and a reuse leaves the gate to validate_data."""
+def test_a_reused_version_keeps_its_quality_report_only_under_the_same_rules(home, monkeypatch):
+    """validate_quality asks the job for the gate under this run's id. The lake records the report
+    with the key of the rules it checked: a run on the same inputs under the same rules takes it (the
+    same data checked the same way), one with another threshold gets none and validate_data
+    validates again."""
     seen: list[list[str]] = []
+    report = {"success": True, "evaluated": 26, "data_docs_uri": "file:///gx/run1.html"}
 
     def publish(operator, context, summary_path, job):
         seen.append(list(operator.application_args))
@@ -90,24 +93,30 @@ def test_the_quality_gate_runs_in_the_job_and_a_reused_version_is_validated_agai
         return {"steps": [], "data_fingerprint": "f0", "reused": False, "tokenizer": "t",
                 "prepared_uri": str(home / "home" / "lake" / "prepared" / "f0"),
                 "quarantine_uri": str(home / "home" / "lake" / "quarantine" / "f0"),
-                "quality": {"success": True, "evaluated": 26}}  # fmt: skip
+                "quality": report}  # fmt: skip
 
     monkeypatch.setattr(operators, "_submit_and_read_summary", publish)
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     (home / "tok").mkdir()
     (home / "tok" / "tokenizer.json").write_text("{}")
-    outputs = []
-    for try_number in (1, 2):
+
+    def run(try_number, **params):
         ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
                              try_number=try_number)  # fmt: skip
         operator = PrepareDataOperator(
             task_id="prepare_data", tokenizer=str(home / "tok"), validate_quality=True, gx_root="/gx"
         )
-        context = {"params": {"source_uri": str(source)}, "ti": ti, "run_id": ti.run_id}
-        outputs.append(operator.execute(context))
-    (args,) = seen  # the second run reused the published data: one job
+        context = {"params": {"source_uri": str(source), **params}, "ti": ti, "run_id": ti.run_id}
+        return operator.execute(context)
+
+    first = run(1)
+    # Another learning rate: the same rules. A gate threshold changed: other rules.
+    same_rules, other_rules = run(2, learning_rate=1e-5), run(3, min_train_rows=5000)
+    (args,) = seen  # the later runs reused the published data: one job
     assert args[args.index("--gx-root") + 1] == "/gx"
     assert args[args.index("--quality-run-id") + 1] == "manual__1"
-    assert outputs[0]["quality"] == {"success": True, "evaluated": 26}
-    assert outputs[1]["reused"] is True and "quality" not in outputs[1]
+    assert first["quality"] == report
+    assert same_rules["reused"] is True and same_rules["quality"] == report
+    assert other_rules["reused"] is True and "quality" not in other_rules
+    assert "quality_rules_key" not in same_rules

@@ -580,3 +580,14 @@ def test_raw_only_run_reports_any_table_under_its_own_suite(spark, tmp_path):
     assert "reviews_report" in index.read_text()
     summary = json.loads(Path(report.summary_path).read_text())
     assert summary["failed"] == 1 and summary["data_docs_index_uri"] == report.data_docs_index_uri
+
+
+def test_the_rules_key_changes_with_what_the_gate_checks_and_nothing_else():
+    from sparktune.quality import rules_key
+
+    base = rules_key(parse_params({}))
+    assert base == rules_key(parse_params({"learning_rate": 1e-5, "model_name": "other"}))
+    assert base != rules_key(parse_params({"min_train_rows": 5000}))
+    assert base != rules_key(parse_params({"max_null_rate": 0.5}))
+    assert base != rules_key(parse_params({"quality_warning_rules": ""}))  # a severity
+    assert base != rules_key(parse_params({"quality_column": ""}))  # a rule less
