@@ -403,6 +403,8 @@ def _quality_gate(
 
     # py4j logs a traceback at INFO for every socket the provider's session.stop() closes.
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Great Expectations logs a few hundred lines of its own bookkeeping at INFO (registering functions).
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     fail = _fail_on_error(fail_on_error)
     typed = pipeline_params(pipeline_params_value, {"params": params})
     try:

@@ -96,6 +96,8 @@ def quality_gate(
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Great Expectations logs a few hundred lines of its own bookkeeping at INFO (registering functions).
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
     args = parse_args(argv)
     if args.gx_root:
         _import_in_background("great_expectations")
