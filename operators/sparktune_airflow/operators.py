@@ -1135,26 +1135,20 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         self.dataset_uri = dataset_uri
         self.run_id = run_id
         self.pipeline_params = pipeline_params
-        self._trust = False
 
-    def _evaluate(self, model_uri: str, work: Path, label: str) -> tuple[dict[str, float], list[Path]]:
-        """Flat metrics (with the 95% bootstrap intervals) and the files for the run's ``evaluation/``
-        folder: the result JSON (per-example outcomes included; first), the per-row predictions CSV
+    @staticmethod
+    def _files(work: Path, label: str) -> list[Path]:
+        """Where a model's evaluation files go, in the order the run's ``evaluation/`` folder lists
+        them: the result JSON (per-example outcomes included), the per-row predictions CSV
         (``example_id, label, prediction, score``: what the served model answers) and the confusion
         matrix PNG."""
-        output = work / f"eval_{label}.json"
-        predictions = work / ("predictions.csv" if label == "challenger" else f"{label}_predictions.csv")
-        figure = work / ("confusion_matrix.png" if label == "challenger" else f"{label}_confusion_matrix.png")
-        result = _run_module(
-            "sparktune.evaluation",
-            *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--split", "test"),
-            *("--output", str(output), "--confusion-matrix", str(figure)),
-            *("--predictions", str(predictions)),
-            *("--trust-remote-code", "true" if self._trust else "false"),
-        )
-        # Exit 2 (a refused model, an unusable dataset) fails at once: a retry would refuse it again.
-        _raise_for_exit_code(f"evaluating {model_uri}", result.exit_code, result.output)
-        return json.loads(output.read_text())["metrics"], [output, predictions, figure]
+        if label == "challenger":
+            return [work / "eval_challenger.json", work / "predictions.csv", work / "confusion_matrix.png"]
+        return [
+            work / f"eval_{label}.json",
+            work / f"{label}_predictions.csv",
+            work / f"{label}_confusion_matrix.png",
+        ]
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.comparison import ComparisonInputError, compare_result_files
@@ -1162,14 +1156,34 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
 
         client = _mlflow_client()
         work = _run_dir(context)
-        self._trust = _trust_remote_code(self.pipeline_params, context)
-        challenger, files = self._evaluate(f"models:/{self.model_name}/{self.version}", work, "challenger")
+        trust = _trust_remote_code(self.pipeline_params, context)
         champion_version = alias_version(client, self.model_name, CHAMPION)
+        against_champion = champion_version is not None and champion_version != str(self.version)
+        challenger_uri = f"models:/{self.model_name}/{self.version}"
+        files = self._files(work, "challenger")
+        command = [
+            *("--model-uri", challenger_uri, "--dataset-path", self.dataset_uri, "--split", "test"),
+            *("--output", str(files[0]), "--predictions", str(files[1]), "--confusion-matrix", str(files[2])),
+            *("--trust-remote-code", "true" if trust else "false"),
+        ]
+        champion_files: list[Path] = []
+        if against_champion:
+            # Both models in one process, on the same rows: the imports are paid once.
+            champion_files = self._files(work, "champion")
+            command += [
+                *("--champion-model-uri", f"models:/{self.model_name}/{champion_version}"),
+                *("--champion-output", str(champion_files[0])),
+                *("--champion-predictions", str(champion_files[1])),
+                *("--champion-confusion-matrix", str(champion_files[2])),
+            ]
+        result = _run_module("sparktune.evaluation", *command)
+        # Exit 2 (a refused model, an unusable dataset) fails at once: a retry would refuse it again.
+        what = challenger_uri + (f" and champion v{champion_version}" if against_champion else "")
+        _raise_for_exit_code(f"evaluating {what}", result.exit_code, result.output)
+        challenger = json.loads(files[0].read_text())["metrics"]
         champion = comparison = None
-        if champion_version is not None and champion_version != str(self.version):
-            champion, champion_files = self._evaluate(
-                f"models:/{self.model_name}/{champion_version}", work, "champion"
-            )
+        if against_champion:
+            champion = json.loads(champion_files[0].read_text())["metrics"]
             try:
                 comparison = compare_result_files(files[0], champion_files[0])
             except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault

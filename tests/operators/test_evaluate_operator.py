@@ -84,10 +84,13 @@ class FakeSubprocessHook:
 
         FakeSubprocessHook.commands.append(command)
         args = dict(zip(command[3::2], command[4::2], strict=True))
-        result = _result(args["--model-uri"])
-        Path(args["--output"]).write_text(result.to_json())
-        confusion_matrix_figure(result, args["--confusion-matrix"])
-        write_predictions_csv(result, args["--predictions"])
+        for prefix in ("--", "--champion-"):
+            if f"{prefix}model-uri" not in args:
+                continue
+            result = _result(args[f"{prefix}model-uri"])
+            Path(args[f"{prefix}output"]).write_text(result.to_json())
+            confusion_matrix_figure(result, args[f"{prefix}confusion-matrix"])
+            write_predictions_csv(result, args[f"{prefix}predictions"])
         return SimpleNamespace(exit_code=0, output="sparktune.evaluation ok")
 
 
@@ -132,10 +135,10 @@ def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_r
 
     summary = _operator(registry, "2").execute({"ti": FakeTaskInstance()})
 
-    assert [c[c.index("--model-uri") + 1] for c in FakeSubprocessHook.commands] == [
-        "models:/eval-op/2",
-        "models:/eval-op/1",
-    ]
+    # Both models in one process (the imports are paid once), the challenger first.
+    [command] = FakeSubprocessHook.commands
+    assert command[command.index("--model-uri") + 1] == "models:/eval-op/2"
+    assert command[command.index("--champion-model-uri") + 1] == "models:/eval-op/1"
     challenger_run = registry.runs[1]
     metrics = client.get_run(challenger_run).data.metrics
     for prefix in ("", "champion_"):

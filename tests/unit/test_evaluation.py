@@ -319,3 +319,24 @@ def test_cli_writes_the_confusion_matrix_beside_the_result(root, full_run, tmp_p
     assert chosen.read_bytes()[:8] == PNG_MAGIC
     written = json.loads(output.read_text())
     assert written["ci"] == {} and "eval_accuracy_ci_low" not in written["metrics"]
+
+
+def test_cli_evaluates_the_champion_in_the_same_process_on_the_same_rows(root, full_run, tmp_path):
+    from sparktune.comparison import compare_result_files
+    from sparktune.evaluation import main
+
+    args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "8"]
+    args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
+    args += ["--bootstrap-resamples", "0", "--champion-model-uri", full_run.model_uri]
+    args += ["--champion-output", str(tmp_path / "champion.json")]
+    args += ["--champion-predictions", str(tmp_path / "champion.csv")]
+    assert main(args) == 0
+    challenger, champion = (
+        json.loads((tmp_path / f"{m}.json").read_text()) for m in ("challenger", "champion")
+    )
+    assert champion["metrics"] == challenger["metrics"]  # the same model on the same rows
+    assert (tmp_path / "champion.csv").read_text() == (tmp_path / "challenger_predictions.csv").read_text()
+    assert (tmp_path / "champion_confusion.png").read_bytes()[:8] == PNG_MAGIC
+    assert compare_result_files(tmp_path / "challenger.json", tmp_path / "champion.json").to_summary()
+    with pytest.raises(SystemExit):  # where its result goes is not optional
+        main([*args[: args.index("--champion-output")]])
