@@ -1,5 +1,8 @@
 """llm_finetune's failure paths, each a whole DAG run through `airflow dags test` on embedded defaults.
 
+The tests run in file order on one home: the bad-data run comes last and takes the data the
+bad-model runs prepared (a quality report under other rules: validated again, on Spark).
+
 A home of its own with a 500-row source and no champion, so that these runs go beside the happy
 path's chain (tests/e2e/test_llm_finetune_dag.py) in a parallel test run: what they prove does not
 depend on the data's size or on an earlier model. Refusals that a single operator makes
@@ -54,15 +57,6 @@ def test_out_of_range_param_is_refused_before_the_run_starts(home):
     assert "lora_r" in result.stdout + result.stderr
 
 
-def test_bad_data_fails_the_run_before_training(home):
-    result = run_dag(home, "llm_finetune", {**TINY_MODEL_RECIPE, "min_train_rows": 1_000_000})
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert "min_train_rows" in output or "1000000" in output, output_tail(result)
-    assert "validate_data" in output and "Data quality gate failed" in output, output_tail(result)
-    assert _versions(home) == []
-
-
 def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
     from sparktune.registry import audit_log
 
@@ -91,6 +85,9 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
     # nothing there): prepare_data takes its output and starts no Spark job.
     assert "no Spark job" in dry.stdout + dry.stderr, output_tail(dry)
     assert "Spark-Submit cmd" not in dry.stdout + dry.stderr
+    # Nor does validate_data: the blocked run's quality report was made under the same rules.
+    assert "Its quality report holds for this run" in dry.stdout + dry.stderr, output_tail(dry)
+    assert "deciding on its report, no Spark session here" in dry.stdout + dry.stderr
     assert "smoke test of models:/support-intent@staging" in dry.stdout + dry.stderr
     champion = client.get_model_version_by_alias(MODEL, "champion")
     assert int(champion.version) > int(version.version) and "staging" in champion.aliases
@@ -100,3 +97,16 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
         last = [m for m in audit_log(client, MODEL) if m["alias"] == alias][-1]
         assert last["to_version"] == str(champion.version)
         assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
+
+
+def test_bad_data_fails_the_run_before_training(home):
+    """After the runs above: prepare_data takes their prepared data, whose quality report was made
+    under other rules (min_train_rows), so validate_data validates it again, on Spark, and fails."""
+    versions = len(_versions(home))
+    result = run_dag(home, "llm_finetune", {**TINY_MODEL_RECIPE, "min_train_rows": 1_000_000})
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "no Spark job" in output and "rules changed since its report" in output, output_tail(result)
+    assert "min_train_rows" in output or "1000000" in output, output_tail(result)
+    assert "validate_data" in output and "Data quality gate failed" in output, output_tail(result)
+    assert len(_versions(home)) == versions  # nothing registered
