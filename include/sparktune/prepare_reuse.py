@@ -11,6 +11,10 @@ The files are known by their listing (``sparktune.fingerprint.source_signature``
 path, size and modification time or ETag), so a source rewritten in place, even with the same
 bytes, gets a new key and is prepared again. A catalog table, or a store whose listing gives no
 modification time, has no signature: its runs always submit the job.
+
+The record keeps the job's quality report too, with a key of the rules it checked
+(``sparktune.quality.rules_key``): the same data checked under the same rules gets the same
+verdict, so a later run under the same rules takes the report; under others it validates again.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from sparktune.params import PipelineParams
 log = logging.getLogger("sparktune.prepare_reuse")
 
 INDEX_FOLDER = "prepare_index"  # under the lake: one small JSON summary per inputs key
+QUALITY_RULES_KEY = "quality_rules_key"  # the key of the rules the recorded report checked
 
 
 def inputs_key(source_signature: str | None, params: PipelineParams, tokenizer_path: str) -> str | None:
@@ -83,3 +88,34 @@ def find_prepared(lake_uri: str, key: str) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, ImportError):
         return None  # an unreadable record is no record: the job runs and records again
     return summary
+
+
+def _without_quality(summary: dict[str, Any]) -> dict[str, Any]:
+    dropped = ("quality", "quality_error", QUALITY_RULES_KEY)
+    return {k: v for k, v in summary.items() if k not in dropped}
+
+
+def recorded_summary(summary: dict[str, Any], params: PipelineParams) -> dict[str, Any]:
+    """What to record for a published job's ``summary``: the summary, and its quality report with
+    the key of the rules ``params`` give (an error running the gate is not recorded)."""
+    recorded = _without_quality(summary)
+    if summary.get("quality"):
+        from sparktune.quality import rules_key
+
+        recorded["quality"] = summary["quality"]
+        recorded[QUALITY_RULES_KEY] = rules_key(params)
+    return recorded
+
+
+def reused_summary(
+    found: dict[str, Any], params: PipelineParams
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A record (:func:`find_prepared`) split into the summary without its quality report, and the
+    report when it checked the rules ``params`` give (else None: the gate must run again)."""
+    report = found.get("quality")
+    if report:
+        from sparktune.quality import rules_key
+
+        if found.get(QUALITY_RULES_KEY) != rules_key(params):
+            report = None
+    return _without_quality(found), report or None

@@ -31,7 +31,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from sparktune.config import settings
 from sparktune.fingerprint import files_signature, list_source_files
 from sparktune.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
-from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
+from sparktune.prepare_reuse import (
+    find_prepared,
+    inputs_key,
+    record_prepared,
+    recorded_summary,
+    reused_summary,
+)
 from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, input_bytes, short_job_conf
 
 from sparktune_airflow import training_process
@@ -320,7 +326,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             if summary.get("quality_error"):
                 self.log.warning("the job's quality gate did not run: %s", summary["quality_error"])
             if key:
-                record_prepared(lake_uri, key, _recorded(summary, params))
+                record_prepared(lake_uri, key, recorded_summary(summary, params))
         for step in summary["steps"]:
             self.log.info(
                 "%-18s rows in %9d  out %9d%s",
@@ -343,20 +349,16 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             "tokenizer and code as the run that published %s): no Spark job.",
             found["data_fingerprint"],
         )
-        reused = {**_without_quality(found), "reused": True, "tokenizer": self.tokenizer}
-        reused.pop(QUALITY_RULES_KEY, None)
-        if self.validate_quality and found.get("quality"):
-            from sparktune.quality import rules_key
-
-            if found.get(QUALITY_RULES_KEY) == rules_key(params):
-                self.log.info(
-                    "Its quality report holds for this run: the same data under the same rules "
-                    "(Data Docs: %s).",
-                    found["quality"].get("data_docs_uri"),
-                )
-                reused["quality"] = found["quality"]
-            else:
-                self.log.info("The gate's rules changed since its report: validate_data checks it again.")
+        summary, report = reused_summary(found, params)
+        reused = {**summary, "reused": True, "tokenizer": self.tokenizer}
+        if self.validate_quality and report:
+            self.log.info(
+                "Its quality report holds for this run: the same data under the same rules (Data Docs: %s).",
+                report.get("data_docs_uri"),
+            )
+            reused["quality"] = report
+        elif self.validate_quality and found.get("quality"):
+            self.log.info("The gate's rules changed since its report: validate_data checks it again.")
         return reused
 
     def _lineage(self):
@@ -364,27 +366,6 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         from sparktune_airflow.lineage import prepare_lineage
 
         return prepare_lineage(self._lineage_result)
-
-
-def _without_quality(summary: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in summary.items() if k not in ("quality", "quality_error")}
-
-
-# The reuse record's key of the rules its quality report was made under (sparktune.quality.rules_key).
-QUALITY_RULES_KEY = "quality_rules_key"
-
-
-def _recorded(summary: dict[str, Any], params: PipelineParams) -> dict[str, Any]:
-    """What the lake records for a data version: the job's summary, and its quality report with the
-    key of the rules it checked; a later run on the same inputs reuses the report only under the
-    same rules (an error running the gate is not recorded)."""
-    recorded = _without_quality(summary)
-    if summary.get("quality"):
-        from sparktune.quality import rules_key
-
-        recorded["quality"] = summary["quality"]
-        recorded[QUALITY_RULES_KEY] = rules_key(params)
-    return recorded
 
 
 def _quality_gate(

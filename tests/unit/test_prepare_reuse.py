@@ -59,3 +59,19 @@ def test_a_recorded_summary_is_found_while_its_folders_are_complete(tmp_path):
     (prepared / "_SUCCESS").write_text("")
     (tmp_path / "lake" / "prepare_index" / "k.json").write_text("{not json")
     assert find_prepared(lake, "k") is None
+
+
+def test_the_record_keeps_the_quality_report_for_the_same_rules_only():
+    from sparktune.prepare_reuse import QUALITY_RULES_KEY, recorded_summary, reused_summary
+
+    report = {"success": False, "evaluated": 26}
+    params = parse_params({})
+    job = {"data_fingerprint": "f0", "quality": report}
+    recorded = recorded_summary(job, params)
+    assert recorded["quality"] == report and recorded[QUALITY_RULES_KEY]
+    summary, kept = reused_summary(recorded, parse_params({"learning_rate": 1e-5}))
+    assert kept == report and summary == {"data_fingerprint": "f0"}
+    assert reused_summary(recorded, parse_params({"min_train_rows": 5000})) == (summary, None)
+    # A gate that could not run leaves nothing to reuse.
+    failed = recorded_summary({"data_fingerprint": "f0", "quality_error": "boom"}, params)
+    assert failed == {"data_fingerprint": "f0"} and reused_summary(failed, params) == (failed, None)
