@@ -889,7 +889,8 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
         hook = SparkSubmitHook(
             conn_id=self.spark_conn_id,
             name=f"sparktune-train-{request['train_key']}",
-            conf={"spark.log.level": "WARN", **(self.spark_conf or {})},
+            # The class archive only: training is long, so the JVM keeps its compiler and collector.
+            conf=short_job_conf({"spark.log.level": "WARN", **(self.spark_conf or {})}, None),
             application_args=[
                 "--request",
                 str(request_path),

@@ -92,3 +92,33 @@ def test_the_quality_gate_session_gets_them_unless_the_connection_sets_them(home
     )
     SparkQualityGateOperator(task_id="validate_data", source_uri=str(source)).execute(_context(source))
     assert seen[-1] == {}
+
+
+def test_the_feedback_sessions_and_spark_training_map_the_archive_too(home, monkeypatch):
+    from datetime import UTC, datetime
+
+    import sparktune.feedback
+    from sparktune.params import parse_params
+    from sparktune_airflow import TrainModelOperator
+    from sparktune_airflow.feedback_operators import MergeFeedbackOperator, RecordCorrectionsOperator
+
+    (home / "spark.jsa").write_bytes(b"archive")
+    archive = f"-XX:SharedArchiveFile={home / 'spark.jsa'}"
+    source = home / "tickets.jsonl"
+    source.write_text('{"message": "hi", "intent_label": "a"}\n')
+    seen: list[dict] = []
+    monkeypatch.setattr(PySparkOperator, "execute", lambda op, context: seen.append(dict(op.config_kwargs)))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
+    monkeypatch.setattr(sparktune.feedback, "corrections_present", lambda uri: True)
+
+    MergeFeedbackOperator(task_id="merge_feedback").execute(_context(source))
+    assert seen[-1] == {DRIVER_JAVA_OPTIONS: f"{SHORT_JOB_JAVA_OPTIONS} {archive}"}
+    context = {**_context(source), "logical_date": datetime(2026, 11, 25, tzinfo=UTC)}
+    RecordCorrectionsOperator(task_id="record", corrections_uri=str(source), model_name="m").execute(context)
+    assert seen[-1] == {DRIVER_JAVA_OPTIONS: archive}  # it reads tables of unknown size too
+
+    # Training on Spark is long: the archive, and the JVM's own compiler and collector.
+    train = TrainModelOperator(task_id="train", dataset_uri="/d", base_model="/m", data_fingerprint="fp")
+    params = parse_params({"train_backend": "spark"})
+    command = train._process_command({"train_key": "k"}, params, home / "work")
+    assert f"{DRIVER_JAVA_OPTIONS}={archive}" in command
