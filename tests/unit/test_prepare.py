@@ -410,13 +410,27 @@ def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
     assert "quality" not in summary  # no --gx-root, no gate
 
 
+@pytest.fixture
+def gx_log_level():
+    """The job quiets Great Expectations' logger; put it back for the tests after this one."""
+    import logging
+
+    gx_logger = logging.getLogger("great_expectations")
+    level = gx_logger.level
+    yield
+    gx_logger.setLevel(level)
+
+
 def test_the_job_runs_the_quality_gate_after_publishing_on_the_source_it_read(
-    spark, tokenizer_path, tmp_path, monkeypatch
+    spark, tokenizer_path, tmp_path, monkeypatch, caplog, gx_log_level
 ):
+    import logging
+
     import sparktune.prepare
     from sparktune.jobs.prepare_data import main
     from sparktune.quality import quality_rules, raw_rules
 
+    caplog.set_level(logging.INFO)
     monkeypatch.setattr(sys, "path", list(sys.path))  # GX puts the project's plugins folder on it
     source = write_source(tmp_path)
     summary_path = tmp_path / "summary.json"
@@ -438,6 +452,9 @@ def test_the_job_runs_the_quality_gate_after_publishing_on_the_source_it_read(
     assert set(quality["validation_pages"]) == {"raw_input", "rows", "label_counts"}
     for page in quality["validation_pages"].values():
         assert Path(page.removeprefix("file://")).is_file(), page
+    # The task log carries the report, not Great Expectations' bookkeeping (datasources saved...).
+    gx = [r for r in caplog.records if r.name.startswith("great_expectations")]
+    assert [r.getMessage() for r in gx if r.levelno < logging.WARNING] == []
 
 
 def test_a_quality_gate_that_cannot_run_in_the_job_is_recorded_not_raised(
