@@ -44,7 +44,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Spark's classes recorded once per machine (~1 min; sparktune.spark_jvm, decision 0008): every
+# Spark's classes recorded once per venv (~1 min; sparktune.spark_jvm, decision 0008): every
 # Spark driver then starts with them mapped. A failure only costs speed, so it warns.
 venv: $(VENV)/.installed
 	@$(PY) -m sparktune.spark_jvm build-class-archive || echo "warning: no Spark class archive; Spark jobs start slower"
