@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 from sparktune.quality import raw_rule_params
 from sparktune_airflow import SparkQualityGateOperator
 from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.params import trigger_form_params
+from sparktune_airflow.params import form_param, trigger_form_params
 
 with DAG(
     dag_id="data_quality_report",
@@ -40,7 +40,7 @@ with DAG(
     params={
         # The pipeline's own specs of the source and the raw-input rules' columns and thresholds.
         **trigger_form_params(list(raw_rule_params())),
-        "fail_on_error": Param(
+        "fail_on_error": form_param(
             True,
             type="boolean",
             title="fail_on_error",

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 from sparktune.config import DEFAULT_MODEL_NAME
 from sparktune_airflow.assets import feedback_asset
 from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
 from sparktune_airflow.feedback_operators import RecordCorrectionsOperator
+from sparktune_airflow.params import form_param
 
 with DAG(
     dag_id="record_corrections",
@@ -30,12 +31,12 @@ with DAG(
     catchup=False,
     tags=["llm", "feedback", "spark"],
     params={
-        "corrections_uri": Param(
+        "corrections_uri": form_param(
             type="string",
             minLength=1,
             description="Path of the corrections (Parquet, CSV or JSON Lines) with columns id and label.",
         ),
-        "model_name": Param(
+        "model_name": form_param(
             DEFAULT_MODEL_NAME,
             type="string",
             minLength=1,

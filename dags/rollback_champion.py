@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 from sparktune.config import DEFAULT_MODEL_NAME
 from sparktune_airflow import RollbackChampionOperator
 from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
+from sparktune_airflow.params import form_param
 
 with DAG(
     dag_id="rollback_champion",
@@ -31,7 +32,7 @@ with DAG(
     max_active_runs=1,
     tags=["mlflow", "registry", "rollback"],
     params={
-        "model_name": Param(
+        "model_name": form_param(
             DEFAULT_MODEL_NAME,
             type="string",
             minLength=1,
@@ -39,7 +40,7 @@ with DAG(
             description="Registered model name in MLflow whose champion to roll back.",
         ),
         # Optional fields are nullable: the trigger form sends an emptied field as null.
-        "to_version": Param(
+        "to_version": form_param(
             "",
             type=["string", "null"],
             pattern=r"^\s*[0-9]*\s*$",
@@ -47,7 +48,7 @@ with DAG(
             description="Version number to make champion. Empty: the version the previous_champion "
             "alias points at.",
         ),
-        "reason": Param(
+        "reason": form_param(
             "",
             type=["string", "null"],
             title="reason",

@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sparktune_airflow.params import SCHEMA_DIALECT
 
 DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
@@ -134,6 +135,10 @@ def test_params_are_flat_typed_and_described(dagbag):
             schema = param.schema
             kind, nullable = _form_type(schema)
             assert param.description, f"{where} has no description"
+            # Serializing a DAG validates every param of every task (sparktune_airflow.params).
+            assert schema.get("$schema") == SCHEMA_DIALECT, (
+                f"{where} is checked against the slow default dialect"
+            )
             if param.value is NOTSET:
                 # Only an input the user must give may go without a default (record_corrections's file).
                 assert kind == "string" and not nullable and schema.get("minLength", 0) >= 1, where
