@@ -228,6 +228,18 @@ def exit_code_after_run(run_exit_code: int, summary: Mapping[str, Any] | None) -
     return (GATE_BLOCKED_EXIT_CODE, lines) if lines else (0, [])
 
 
+def dagfile_args(dag_id: str, env: Mapping[str, str]) -> list[str]:
+    """``--dagfile-path`` for ``airflow dags test`` when the DAG folder holds ``<dag_id>.py`` naming
+    it, as every DAG of this project does: Airflow then parses and serializes that one file, not the
+    whole folder, before the run (``dag.test`` still syncs the folder once, so the database ends up
+    the same). Any other DAG is looked up in the whole folder."""
+    folder = env.get("AIRFLOW__CORE__DAGS_FOLDER")
+    dag_file = Path(folder) / f"{dag_id}.py" if folder else None
+    if dag_file is None or not dag_file.is_file() or dag_id not in dag_file.read_text(errors="replace"):
+        return []
+    return ["--dagfile-path", str(dag_file)]
+
+
 def run_dag(dag_id: str, conf: dict, home: Path) -> int:
     """``airflow dags test`` on embedded defaults; returns its exit code (1 when the run failed), or
     :data:`GATE_BLOCKED_EXIT_CODE` when the run succeeded but its gate blocked promotion.
@@ -249,7 +261,9 @@ def run_dag(dag_id: str, conf: dict, home: Path) -> int:
             _note_unread_gate(f"Airflow's metadata database is unreadable here ({exc})")
     else:
         _note_unread_gate("a _CMD or _SECRET variable names Airflow's metadata database")
-    code = _airflow(["dags", "test", dag_id, "--conf", json.dumps(conf)], env).returncode
+    code = _airflow(
+        ["dags", "test", dag_id, "--conf", json.dumps(conf), *dagfile_args(dag_id, env)], env
+    ).returncode
     if code != 0 or before is None or db_url is None:
         return code
     try:

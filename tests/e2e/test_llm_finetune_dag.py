@@ -96,6 +96,12 @@ def test_the_airflow_database_is_migrated_once_and_stamped_with_its_schema(home,
     assert stamp.startswith("apache-airflow 3.") and stamp.endswith(f" schema {revision}")
 
 
+def test_airflow_parsed_the_dags_own_file_not_the_folder_before_the_run(happy_run):
+    # The embedded runner passes --dagfile-path; dag.test() then syncs the whole folder once.
+    parsed = re.findall(r"Filling up the DagBag from (\S+)", happy_run.stdout + happy_run.stderr)
+    assert parsed and parsed[0].endswith("/dags/llm_finetune.py"), parsed
+
+
 def test_run_ends_with_a_champion_with_metrics(home, happy_run):
     client = _client(home)
     champion = client.get_model_version_by_alias("support-intent", "champion")
@@ -173,7 +179,7 @@ def _started_tasks(output: str) -> set[str]:
 @pytest.fixture(scope="module")
 def evaluated_test_split(home, happy_run, tmp_path_factory) -> dict:
     """The champion's evaluation of the test split, row by row (its logged predictions.csv),
-    beside the split's texts; and the texts as a JSON Lines source for batch_inference."""
+    beside the split's texts."""
     import csv
 
     import datasets
@@ -190,9 +196,7 @@ def evaluated_test_split(home, happy_run, tmp_path_factory) -> dict:
     ]
     texts = dict(zip(test["example_id"], test["text"], strict=True))
     assert set(evaluated) == set(texts) and len(texts) > 100
-    source = Path(local).with_name("test_split.jsonl")
-    source.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in texts.items()))
-    return {"champion": champion, "rows": evaluated, "texts": texts, "source": source}
+    return {"champion": champion, "rows": evaluated, "texts": texts, "folder": Path(local).parent}
 
 
 def _assert_same_predictions(where: str, evaluated: dict, predictions: dict, scores: dict) -> None:
@@ -221,30 +225,6 @@ def test_the_registered_pyfunc_predicts_what_evaluation_scored(home, evaluated_t
     )
 
 
-def test_batch_inference_over_spark_predicts_what_evaluation_scored(home, evaluated_test_split):
-    import pyarrow.dataset as ds
-
-    output = evaluated_test_split["source"].with_name("predictions")
-    conf = {
-        "source_uri": str(evaluated_test_split["source"]),
-        "source_format": "json",
-        "text_column": "text",
-        "id_column": "id",
-        "output_uri": str(output),
-        "feedback_uri": str(output.with_name("feedback")),
-    }
-    result = run_dag(home, conf, dag="batch_inference")
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
-    table = ds.dataset(output, format="parquet", partitioning="hive").to_table().to_pandas()
-    assert set(table["model_version"]) == {str(evaluated_test_split["champion"].version)}
-    _assert_same_predictions(
-        "the batch_inference DAG",
-        evaluated_test_split["rows"],
-        dict(zip(table["id"], table["prediction"], strict=True)),
-        dict(zip(table["id"], table["score"], strict=True)),
-    )
-
-
 def test_the_serving_endpoint_answers_what_evaluation_scored_and_captures_it(home, evaluated_test_split):
     """make serve's server over the champion, sent the test split over HTTP in requests of 16 texts."""
     import signal
@@ -257,7 +237,7 @@ def test_the_serving_endpoint_answers_what_evaluation_scored_and_captures_it(hom
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    captures = evaluated_test_split["source"].with_name("serving_captures")
+    captures = evaluated_test_split["folder"] / "serving_captures"
     env = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
     env["SPARKTUNE_HOME"] = str(home)
     log = home / "serving.log"
@@ -338,24 +318,51 @@ def _predictions(home: Path):
     return ds.dataset(home / "lake" / "predictions", format="parquet", partitioning="hive").to_table()
 
 
+# Test-split rows among the new tickets carry this id prefix: their ids cannot meet the tickets'.
+TEST_SPLIT_ID = "test-split:"
+
+
 @pytest.fixture(scope="module")
-def first_scoring(home, happy_run) -> Path:
-    """batch_inference over new tickets with the first champion; returns the tickets file."""
+def first_scoring(home, evaluated_test_split) -> Path:
+    """batch_inference on the DAG's defaults with the first champion, over new tickets and the
+    champion's test split (as rows of the same source); returns the tickets file.
+
+    One run serves two checks: the new tickets are scored as a user's new data would be, and the
+    test split's rows must get what evaluation scored (one prediction path)."""
     incoming = home / "data" / "incoming_tickets.jsonl"  # the DAG's default source
     subprocess.run(
         [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11"]
         + ["--out", str(incoming)],
         check=True,
     )
+    with incoming.open("a") as source:
+        for example_id, text in evaluated_test_split["texts"].items():
+            source.write(json.dumps({"message_hash": TEST_SPLIT_ID + example_id, "message": text}) + "\n")
     result = run_dag(home, {}, dag="batch_inference")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     return incoming
+
+
+def test_batch_inference_over_spark_predicts_what_evaluation_scored(
+    home, evaluated_test_split, first_scoring
+):
+    table = _predictions(home).to_pandas()
+    table = table[table["id"].str.startswith(TEST_SPLIT_ID)]
+    ids = table["id"].str.removeprefix(TEST_SPLIT_ID)
+    assert set(table["model_version"]) == {str(evaluated_test_split["champion"].version)}
+    _assert_same_predictions(
+        "the batch_inference DAG",
+        evaluated_test_split["rows"],
+        dict(zip(ids, table["prediction"], strict=True)),
+        dict(zip(ids, table["score"], strict=True)),
+    )
 
 
 def test_batch_inference_scores_new_data_with_the_champion(home, first_scoring):
     incoming = first_scoring
     champion = _client(home).get_model_version_by_alias("support-intent", "champion")
     table = _predictions(home).to_pandas()
+    table = table[~table["id"].str.startswith(TEST_SPLIT_ID)]
     assert len(table) == INCOMING_ROWS  # one prediction per input row
     assert set(table.columns) >= {
         "id", "prediction", "score", "model_name", "model_version", "model_alias", "data_fingerprint",
@@ -393,7 +400,7 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
 
     # A reviewer corrects 40 scored rows (here: with their true labels); some of those texts are
     # already in the training source and must not be added again.
-    incoming = [json.loads(line) for line in first_scoring.read_text().splitlines()]
+    incoming = [json.loads(line) for line in first_scoring.read_text().splitlines()]  # test split: no labels
     picked = {r["message_hash"]: r for r in incoming if r.get("intent_label") and r.get("message")}
     picked = dict(list(picked.items())[:40])
     corrections = home / "data" / "corrections.jsonl"
