@@ -109,8 +109,9 @@ stack-down: venv
 stack-status: venv
 	$(PY) -m sparktune_airflow.stack status
 
+# --durations=10: the slowest ten tests close the output, where a slower suite shows first.
 test: venv $(VENV)/.browser
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not load" $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=10 $(PYTEST_PARALLEL) -m "not load" $(PYTEST_ARGS)
 
 # Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~15 min).
 test-load: venv
