@@ -135,6 +135,7 @@ def test_a_failing_job_leaves_nothing_a_later_run_would_trust(spark, tmp_path):
     assert find_published(str(tmp_path / "datasets"), "fp1") is None
 
 
+@pytest.mark.slow  # a Spark application of its own in a subprocess, a task killed mid-write
 def test_retried_tasks_leave_only_the_winning_attempts_shards(tmp_path):
     # A task that dies after writing part of its shard is retried; the dead attempt's file must
     # not end up in the dataset. Needs task retries, so it runs in its own local[1,2] session.

@@ -367,6 +367,7 @@ def test_job_rejects_bad_params_before_starting_spark(caplog):
     assert "min_chars" in errors and "max_length" in errors  # every problem, in one message
 
 
+@pytest.mark.slow  # a spark-submit job of its own; every e2e DAG run submits it too
 def test_job_runs_under_spark_submit(tokenizer_path, tmp_path):
     source = write_source(tmp_path)
     summary_path = tmp_path / "out" / "summary.json"

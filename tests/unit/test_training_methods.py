@@ -133,6 +133,7 @@ def test_a_checkpoint_whose_save_a_crash_cut_is_passed_over(tmp_path, caplog):
     assert last_checkpoint(tmp_path / "nothing") is None
 
 
+@pytest.mark.slow  # starts a training process and kills it
 def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(root, tmp_path):
     from mlflow import MlflowClient
     from sparktune.training import RESUMED_FROM_TAG, train
