@@ -62,8 +62,9 @@ def class_archive_path() -> Path | None:
     """Where this environment's archive belongs; None when archives are off or there is no Java.
 
     ``SPARKTUNE_SPARK_CLASS_ARCHIVE`` when set (``off``: none); else the user's cache
-    (``$XDG_CACHE_HOME`` or ``~/.cache``), named after the Spark install and the Java runtime, so
-    that another venv or an upgraded JDK gets an archive of its own.
+    (``$XDG_CACHE_HOME`` or ``~/.cache``), named after the Spark install (:func:`spark_install_identity`)
+    and the Java runtime, so that another venv, a venv reinstalled in the same place or an upgraded
+    JDK gets an archive of its own.
     """
     explicit = os.environ.get(CLASS_ARCHIVE_ENV, "").strip()
     if explicit.lower() == "off":
@@ -76,10 +77,26 @@ def class_archive_path() -> Path | None:
         return None
     version = metadata.version("pyspark")
     spark_home = Path(spec.origin).resolve().parent
-    identity = f"{spark_home}|{version}|{java}|{java.stat().st_mtime_ns}"
+    identity = f"{spark_install_identity(spark_home, version)}|{java}|{java.stat().st_mtime_ns}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "sparktune" / "spark-classes" / f"spark-{version}-{key}.jsa"
+
+
+def spark_install_identity(spark_home: Path, version: str) -> str:
+    """Spark's folder, version, and every jar's name, size and modification time.
+
+    The JVM maps an archive only while each jar on the classpath has the size and modification time
+    it had when the archive was built. A venv deleted and installed again at the same path has the
+    same folder and version but new jar times: keyed on those two alone, it found the old archive
+    "already built", and every driver silently loaded its classes from the jars again.
+    """
+    stamps = ",".join(
+        f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}"
+        for jar in sorted((spark_home / "jars").glob("*.jar"))
+        for stat in (jar.stat(),)
+    )
+    return f"{spark_home}|{version}|{stamps}"
 
 
 def class_archive() -> Path | None:

@@ -17,6 +17,7 @@ from sparktune.spark_jvm import (
     class_archive_path,
     input_bytes,
     short_job_conf,
+    spark_install_identity,
 )
 
 
@@ -68,6 +69,27 @@ def test_the_archive_is_the_users_cache_per_spark_install_and_java_unless_set(tm
     assert short_job_conf({}, None) == {DRIVER_JAVA_OPTIONS: f"-XX:SharedArchiveFile={tmp_path / 'mine.jsa'}"}
     monkeypatch.setenv(CLASS_ARCHIVE_ENV, "off")
     assert class_archive() is None and short_job_conf({}, None) == {}
+
+
+def test_a_spark_install_reinstalled_in_the_same_place_is_another_install(tmp_path):
+    # The JVM refuses an archive whose jars changed size or time: a venv deleted and installed
+    # again at the same path (a fresh clone where the last one was) must not reuse the old archive.
+    import os
+
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    (jars / "spark-core.jar").write_bytes(b"classes")
+    (jars / "README").write_text("not a jar")
+    first = spark_install_identity(tmp_path / "pyspark", "4.2.0")
+    assert first == spark_install_identity(tmp_path / "pyspark", "4.2.0")
+    assert first != spark_install_identity(tmp_path / "pyspark", "4.2.1")
+    stat = (jars / "spark-core.jar").stat()
+    os.utime(jars / "spark-core.jar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert spark_install_identity(tmp_path / "pyspark", "4.2.0") != first
+    (jars / "README").write_text("still not a jar, changed")
+    reinstalled = spark_install_identity(tmp_path / "pyspark", "4.2.0")
+    (jars / "extra.jar").write_bytes(b"more")
+    assert spark_install_identity(tmp_path / "pyspark", "4.2.0") != reinstalled
 
 
 @pytest.fixture(scope="session")
