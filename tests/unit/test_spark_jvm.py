@@ -85,9 +85,10 @@ def test_a_spark_install_reinstalled_in_the_same_place_is_another_install(tmp_pa
     assert first != spark_install_identity(tmp_path / "pyspark", "4.2.1")
     stat = (jars / "spark-core.jar").stat()
     os.utime(jars / "spark-core.jar", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert spark_install_identity(tmp_path / "pyspark", "4.2.0") != first
-    (jars / "README").write_text("still not a jar, changed")
     reinstalled = spark_install_identity(tmp_path / "pyspark", "4.2.0")
+    assert reinstalled != first
+    (jars / "README").write_text("still not a jar, changed")  # not on the classpath: no new archive
+    assert spark_install_identity(tmp_path / "pyspark", "4.2.0") == reinstalled
     (jars / "extra.jar").write_bytes(b"more")
     assert spark_install_identity(tmp_path / "pyspark", "4.2.0") != reinstalled
 
