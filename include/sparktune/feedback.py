@@ -205,6 +205,7 @@ def record_corrections(
             joined.withColumn("_n", F.row_number().over(latest))
             .where("_n = 1")
             .select(*CORRECTION_COLUMNS)
+            .coalesce(_input_partitions(raw))
             .persist()
         )
         batch_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}/batch={_safe(batch_id)}"
@@ -263,6 +264,17 @@ def _latest_scored(
         .where("_n = 1")
         .select("id", "text", "prediction", "model_version")
     )
+
+
+def _input_partitions(df: DataFrame) -> int:
+    """As many partitions as ``df``'s input has, for a shuffled result about to be persisted.
+
+    A shuffle (window, join) makes spark.sql.shuffle.partitions (200) partitions, and adaptive
+    execution does not coalesce a persisted plan: recording 40 corrections ran 200-task stages
+    for the write and each count that followed (about 6 s of a 16 s job here, and 70 s of CPU
+    under load). Corrections are small; their input's partitioning is the right size.
+    """
+    return max(1, df.rdd.getNumPartitions())
 
 
 def _safe(value: str) -> str:
@@ -347,11 +359,12 @@ def merge_feedback(
         # prepare_data reports a missing column with what the source has and the fix: leave it to it.
         log.warning("The source lacks the text or label column: feedback not merged; prepare_data says more.")
         return unchanged
-    corrections = spark.read.parquet(corrections_uri).withColumn("_key", content_key(F.col("text")))
+    recorded = spark.read.parquet(corrections_uri)
+    corrections = recorded.withColumn("_key", content_key(F.col("text")))
     latest = Window.partitionBy("_key").orderBy(F.col("corrected_at").desc(), F.col("label"))
     corrections = corrections.withColumn("_n", F.row_number().over(latest)).where("_n = 1").drop("_n")
     known = source.select(content_key(F.col(text_column)).alias("_key")).distinct()
-    new = corrections.join(known, "_key", "left_anti").persist()
+    new = corrections.join(known, "_key", "left_anti").coalesce(_input_partitions(recorded)).persist()
     try:
         total = corrections.count()
         added = new.count()

@@ -192,6 +192,28 @@ def test_merge_adds_only_texts_the_source_does_not_hold_as_a_new_version(spark, 
     assert again.source_uri == merged.source_uri and again.version == merged.version
 
 
+def test_corrections_and_a_merged_version_are_as_many_files_as_their_input_not_one_per_shuffle_partition(
+    spark, tmp_path
+):
+    # The jobs run with Spark's default of 200 shuffle partitions (the session fixture has 4), and
+    # adaptive execution does not coalesce a persisted plan: the corrections batch was 200 tasks per
+    # stage, and the data version the next run prepares from was the source plus 200 files.
+    spark.conf.set("spark.sql.shuffle.partitions", "200")
+    try:
+        source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
+        corrections = _jsonl(
+            tmp_path / "c.jsonl",
+            [{"id": f"x{i}", "label": "refund", "text": f"new text number {i}"} for i in range(30)],
+        )
+        batch = record_corrections(spark, corrections, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+        merged = _merge(spark, tmp_path, source_path)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    assert batch.rows == 30 and merged.added_rows == 30
+    assert len(list(Path(batch.batch_uri).glob("*.parquet"))) == 1  # one input file, one partition
+    assert len(list(Path(merged.source_uri).glob("*.parquet"))) <= 2  # the source's file + the corrections'
+
+
 def test_merge_with_only_known_texts_keeps_the_source(spark, tmp_path):
     source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
     known = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "billing", "text": "Refund me please"}])
