@@ -102,7 +102,9 @@ def open_streaming_splits(
     return train, validation, footer_rows(files["train"], storage_options)
 
 
-def shuffle_stream(stream: datasets.IterableDataset, seed: int) -> datasets.IterableDataset:
+def shuffle_stream(
+    stream: datasets.IterableDataset, seed: int, *, read_in_worker_processes: bool = False
+) -> datasets.IterableDataset:
     """Shards shuffled per epoch and rows through a buffer: the streaming stand-in for a full random
     permutation, which would need random access to the whole split.
 
@@ -111,7 +113,16 @@ def shuffle_stream(stream: datasets.IterableDataset, seed: int) -> datasets.Iter
     stream that stops early ends with a 5-second pause in ``datasets`` (5.2,
     ``config.SLEEP_TIME_ON_THREADS_SHUTDOWN``, a guard against apache/arrow#45214) that the
     unshuffled stream does not make: 15-20 s of every streaming run's start.
+
+    ``read_in_worker_processes``: only DataLoader worker processes iterate the stream. The same
+    pause then ends every pass, 5 s per epoch. It guards against Arrow's reader threads outliving
+    the interpreter's finalization, which a forked DataLoader worker never runs (it leaves through
+    ``os._exit``), so this process's ``datasets`` is set to skip it; the workers fork with that.
     """
+    if read_in_worker_processes:
+        import datasets
+
+        datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 0
     return stream.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
 
 

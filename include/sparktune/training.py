@@ -1029,7 +1029,10 @@ def _train_in_run(
     if streaming:
         from sparktune.streaming import shuffle_stream
 
-        trainer.train_dataset = shuffle_stream(trainer.train_dataset, params.seed)
+        in_workers = trainer.args.dataloader_num_workers > 0
+        trainer.train_dataset = shuffle_stream(
+            trainer.train_dataset, params.seed, read_in_worker_processes=in_workers
+        )
     # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
     trainer.remove_callback(PrinterCallback)
     trainable, total = _count_params(trainer.model)
