@@ -62,13 +62,14 @@ class PairedComparison:
     def differences(self) -> dict[str, PairedDifference]:
         return {"accuracy": self.accuracy, "macro_f1": self.macro_f1}
 
-    def metrics(self) -> dict[str, float]:
-        """Flat MLflow metrics: ``vs_champion_<metric>_diff``, ``..._ci_low``, ``..._ci_high``."""
+    def metrics(self, prefix: str = METRIC_PREFIX) -> dict[str, float]:
+        """Flat MLflow metrics: ``vs_champion_<metric>_diff``, ``..._ci_low``, ``..._ci_high``
+        (``prefix`` names what the challenger was compared with)."""
         out: dict[str, float] = {}
         for name, diff in self.differences().items():
-            out[f"{METRIC_PREFIX}{name}_diff"] = diff.difference
-            out[f"{METRIC_PREFIX}{name}_ci_low"] = diff.ci_low
-            out[f"{METRIC_PREFIX}{name}_ci_high"] = diff.ci_high
+            out[f"{prefix}{name}_diff"] = diff.difference
+            out[f"{prefix}{name}_ci_low"] = diff.ci_low
+            out[f"{prefix}{name}_ci_high"] = diff.ci_high
         return out
 
     def to_summary(self) -> dict[str, Any]:

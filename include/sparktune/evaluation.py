@@ -29,7 +29,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,6 +54,8 @@ REQUIRED_COLUMNS = ("prompt", "completion", "label")
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
+# The baseline's train rows: a yardstick needs no more, and its fit stays a few seconds.
+BASELINE_MAX_TRAIN_ROWS = 200_000
 # Metrics that get a confidence interval, in the order they are logged.
 CI_METRICS = ("eval_accuracy", "eval_macro_f1", "eval_loss")
 
@@ -590,6 +592,81 @@ def classifier_loss(
     return losses, counts
 
 
+def label_result(
+    truth: Sequence[str],
+    predicted: Sequence[str],
+    names: Sequence[str],
+    *,
+    example_loss: Sequence[float] | None = None,
+    example_tokens: Sequence[int] | None = None,
+    bootstrap_resamples: int = BOOTSTRAP_RESAMPLES,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    seconds: float = 0.0,
+    **fields: Any,
+) -> EvalResult:
+    """The :class:`EvalResult` of label predictions against the truth, labels in ``names`` order:
+    accuracy, macro and per-class F1 and recall, the confusion counts, per-example class indices
+    and the bootstrap intervals; the loss from per-example losses and token counts when given
+    (NaN without). ``fields`` fill in the rest (``model_uri``, ``split``, ``scores``, ...).
+
+    A prediction that is no label of ``names`` is a class of its own after them (a classifier's
+    other class, ``<invalid>`` last): a miss for the true class and no class's hit.
+    """
+    from sklearn.metrics import f1_score, recall_score
+
+    names = list(names)
+    per_class = f1_score(truth, predicted, labels=names, average=None, zero_division=0)
+    macro = f1_score(truth, predicted, labels=names, average="macro", zero_division=0)
+    recall = recall_score(truth, predicted, labels=names, average=None, zero_division=0)
+    confusion: dict[str, dict[str, int]] = {}
+    for t, p in zip(truth, predicted, strict=True):
+        row = confusion.setdefault(t, {})
+        row[p] = row.get(p, 0) + 1
+    others = sorted(set(predicted) - set(names) - {INVALID_PREDICTION})
+    classes = names + others + ([INVALID_PREDICTION] if INVALID_PREDICTION in predicted else [])
+    index = {name: i for i, name in enumerate(classes)}
+    y_true = [index[t] for t in truth]
+    y_pred = [index[p] for p in predicted]
+    losses = [float(v) for v in example_loss] if example_loss is not None else []
+    tokens = [int(v) for v in example_tokens] if example_tokens is not None else []
+    has_loss = example_loss is not None and example_tokens is not None
+    eval_loss = math.fsum(losses) / max(sum(tokens), 1) if has_loss else math.nan
+    ci: dict[str, list[float]] = {}
+    if bootstrap_resamples:
+        intervals = classification_cis(
+            y_true,
+            y_pred,
+            len(names),
+            losses if has_loss else None,
+            tokens if has_loss else None,
+            n_resamples=bootstrap_resamples,
+            seed=bootstrap_seed,
+        )
+        ci = {name: list(intervals[name]) for name in CI_METRICS if name in intervals}
+    return EvalResult(
+        eval_loss=eval_loss,
+        perplexity=math.exp(min(eval_loss, 700.0)) if has_loss else math.nan,
+        eval_accuracy=sum(t == p for t, p in zip(truth, predicted, strict=True)) / len(truth),
+        eval_macro_f1=float(macro),
+        per_class_f1={name: float(v) for name, v in zip(names, per_class, strict=True)},
+        per_class_recall={name: float(v) for name, v in zip(names, recall, strict=True)},
+        n_examples=len(truth),
+        confusion=confusion,
+        n_invalid=sum(p == INVALID_PREDICTION for p in predicted),
+        labels=names,
+        ci=ci,
+        ci_level=CONFIDENCE,
+        ci_resamples=bootstrap_resamples,
+        classes=classes,
+        y_true=y_true,
+        y_pred=y_pred,
+        example_loss=losses if has_loss else [],
+        example_tokens=tokens if has_loss else [],
+        seconds=seconds,
+        **fields,
+    )
+
+
 def evaluate_model(
     model_uri: str,
     dataset_path: str,
@@ -617,7 +694,6 @@ def evaluate_model(
     folder); default: the pipeline's.
     """
     import torch
-    from sklearn.metrics import f1_score, recall_score
 
     if batch_size < 1:
         raise EvaluationInputError(f"batch_size must be at least 1, got {batch_size}.")
@@ -677,59 +753,21 @@ def evaluate_model(
             model_uri,
         )
 
-    eval_loss = math.fsum(example_loss) / max(sum(example_tokens), 1)
     predicted = [p if p in known else INVALID_PREDICTION for p in predictions]
-    correct = sum(p == t for p, t in zip(predicted, truth, strict=True))
-    per_class = f1_score(truth, predicted, labels=names, average=None, zero_division=0)
-    macro = f1_score(truth, predicted, labels=names, average="macro", zero_division=0)
-    recall = recall_score(truth, predicted, labels=names, average=None, zero_division=0)
-    confusion: dict[str, dict[str, int]] = {}
-    for t, p in zip(truth, predicted, strict=True):
-        row = confusion.setdefault(t, {})
-        row[p] = row.get(p, 0) + 1
-    others = sorted(set(predicted) - set(names) - {INVALID_PREDICTION})
-    classes = names + others + ([INVALID_PREDICTION] if INVALID_PREDICTION in predicted else [])
-    index = {name: i for i, name in enumerate(classes)}
-    y_true = [index[t] for t in truth]
-    y_pred = [index[p] for p in predicted]
-    ci: dict[str, list[float]] = {}
-    if bootstrap_resamples:
-        intervals = classification_cis(
-            y_true,
-            y_pred,
-            len(names),
-            example_loss,
-            example_tokens,
-            n_resamples=bootstrap_resamples,
-            seed=bootstrap_seed,
-        )
-        ci = {name: list(intervals[name]) for name in CI_METRICS if name in intervals}
-
-    result = EvalResult(
-        eval_loss=eval_loss,
-        perplexity=math.exp(min(eval_loss, 700.0)),
-        eval_accuracy=correct / len(truth),
-        eval_macro_f1=float(macro),
-        per_class_f1={name: float(v) for name, v in zip(names, per_class, strict=True)},
-        per_class_recall={name: float(v) for name, v in zip(names, recall, strict=True)},
-        n_examples=len(truth),
-        confusion=confusion,
+    result = label_result(
+        truth,
+        predicted,
+        names,
+        example_loss=example_loss,
+        example_tokens=example_tokens,
+        bootstrap_resamples=bootstrap_resamples,
+        bootstrap_seed=bootstrap_seed,
         seconds=time.perf_counter() - started,
         model_uri=model_uri,
         split=split,
-        n_invalid=sum(p == INVALID_PREDICTION for p in predicted),
-        labels=names,
         invalid_samples=[
             raw for raw, p in zip(predictions, predicted, strict=True) if p == INVALID_PREDICTION
         ][:5],
-        ci=ci,
-        ci_level=CONFIDENCE,
-        ci_resamples=bootstrap_resamples,
-        classes=classes,
-        y_true=y_true,
-        y_pred=y_pred,
-        example_loss=[float(v) for v in example_loss],
-        example_tokens=[int(v) for v in example_tokens],
         example_ids=(
             [str(v) for v in dataset["example_id"]]
             if "example_id" in dataset.column_names
@@ -822,6 +860,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--champion-confusion-matrix", default=None, help="The champion's confusion matrix PNG."
     )
+    parser.add_argument(
+        "--baseline-output",
+        default=None,
+        help="Also score the TF-IDF + logistic regression baseline (sparktune.baseline), trained on the "
+        "dataset's train split, on the same rows; its result JSON.",
+    )
+    parser.add_argument(
+        "--baseline-max-train-rows",
+        type=int,
+        default=BASELINE_MAX_TRAIN_ROWS,
+        help="The baseline trains on a seeded sample of at most this many train rows.",
+    )
     args = parser.parse_args(argv)
     if args.champion_model_uri and not args.champion_output:
         parser.error("--champion-model-uri needs --champion-output")
@@ -835,7 +885,45 @@ def main(argv: list[str] | None = None) -> int:
             args.champion_predictions,
             args.champion_confusion_matrix,
         )
+    if code == 0 and args.baseline_output:
+        code = _baseline_and_write(args)
     return code
+
+
+def _baseline_and_write(args: argparse.Namespace) -> int:
+    """Score the baseline on the CLI's split and write its result JSON; the CLI's exit code."""
+    from sparktune.baseline import evaluate_baseline
+
+    try:
+        test = _load_split(args.dataset_path, args.split, args.max_examples, required=("label", "text"))
+        train = _load_split(args.dataset_path, "train", None, required=("label", "text"))
+    except EvaluationInputError as err:
+        logger.error("%s", err)
+        return 2
+    if len(train) > args.baseline_max_train_rows:
+        train = train.shuffle(seed=args.bootstrap_seed).select(range(args.baseline_max_train_rows))
+    names, truth = _label_strings(test)
+    result = evaluate_baseline(
+        [str(t) for t in train["text"]],
+        _label_strings(train)[1],
+        [str(t) for t in test["text"]],
+        truth,
+        names,
+        example_ids=[str(v) for v in test["example_id"]] if "example_id" in test.column_names else None,
+        split=args.split,
+        bootstrap_resamples=args.bootstrap_resamples,
+        bootstrap_seed=args.bootstrap_seed,
+    )
+    output = Path(args.baseline_output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(result.to_json())
+    print(
+        f"sparktune.evaluation baseline (TF-IDF + logistic regression on {len(train)} train rows) "
+        f"split={args.split} n={result.n_examples} accuracy={result.eval_accuracy:.4f} "
+        f"macro_f1={result.eval_macro_f1:.4f}",
+        flush=True,
+    )
+    return 0
 
 
 def _evaluate_and_write(

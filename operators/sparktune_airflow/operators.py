@@ -1148,6 +1148,9 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             *("--output", str(files[0]), "--predictions", str(files[1]), "--confusion-matrix", str(files[2])),
             *("--trust-remote-code", "true" if trust else "false"),
         ]
+        # The cheap model it must beat, on the same rows, in the same process (sparktune.baseline).
+        baseline_file = work / "eval_baseline.json"
+        command += ["--baseline-output", str(baseline_file)]
         champion_files: list[Path] = []
         if against_champion:
             # Both models in one process, on the same rows: the imports are paid once.
@@ -1171,9 +1174,14 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
                 raise AirflowFailException(str(exc)) from exc
             files += champion_files
+        baseline = _baseline_metrics(files[0], baseline_file)
+        files.append(baseline_file)
         for name, value in challenger.items():
             client.log_metric(self.run_id, name, value)
             self.log.info("challenger v%s %-22s %.4f", self.version, name, value)
+        for name, value in baseline.items():
+            client.log_metric(self.run_id, name, value)
+            self.log.info("baseline (TF-IDF + logistic regression) %-28s %+.4f", name, value)
         for name, value in (champion or {}).items():
             client.log_metric(self.run_id, f"champion_{name}", value)
             self.log.info("champion   v%s %-22s %.4f", champion_version, name, value)
@@ -1198,7 +1206,21 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             "challenger": challenger,
             "champion": champion,
             "comparison": comparison.to_summary() if comparison else None,
+            "baseline": baseline,
         }
+
+
+def _baseline_metrics(challenger_json: Path, baseline_json: Path) -> dict[str, float]:
+    """The baseline's metrics and the paired (challenger - baseline) differences on the same rows."""
+    from sparktune.baseline import baseline_metrics
+    from sparktune.comparison import ComparisonInputError, compare_result_files
+    from sparktune.evaluation import EvalResult
+
+    try:
+        comparison = compare_result_files(challenger_json, baseline_json)
+    except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
+        raise AirflowFailException(str(exc)) from exc
+    return baseline_metrics(EvalResult.from_dict(json.loads(baseline_json.read_text())), comparison)
 
 
 class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):

@@ -91,7 +91,19 @@ class FakeSubprocessHook:
             Path(args[f"{prefix}output"]).write_text(result.to_json())
             confusion_matrix_figure(result, args[f"{prefix}confusion-matrix"])
             write_predictions_csv(result, args[f"{prefix}predictions"])
+        if "--baseline-output" in args:
+            Path(args["--baseline-output"]).write_text(_baseline_result().to_json())
         return SimpleNamespace(exit_code=0, output="sparktune.evaluation ok")
+
+
+def _baseline_result(n: int = 200):
+    """The TF-IDF baseline on the same rows: right 19 times in 20, better than the challenger."""
+    from sparktune.baseline import BASELINE_URI
+    from sparktune.evaluation import label_result
+
+    truth = [LABELS[i % 2] for i in range(n)]
+    predicted = [LABELS[(i + 1) % 2] if i % 20 == 0 else t for i, t in enumerate(truth)]
+    return label_result(truth, predicted, LABELS, model_uri=BASELINE_URI, split="test")
 
 
 @pytest.fixture
@@ -155,6 +167,7 @@ def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_r
         "evaluation/champion_confusion_matrix.png",
         "evaluation/eval_challenger.json",
         "evaluation/eval_champion.json",
+        "evaluation/eval_baseline.json",
         "evaluation/predictions.csv",
         "evaluation/champion_predictions.csv",
     }
@@ -184,7 +197,22 @@ def test_challenger_and_champion_intervals_and_figures_land_in_the_challengers_r
     assert summary["challenger"]["eval_accuracy_ci_low"] == metrics["eval_accuracy_ci_low"]
     assert summary["champion"]["eval_accuracy_ci_high"] == metrics["champion_eval_accuracy_ci_high"]
     assert all(isinstance(v, float) for v in summary["challenger"].values())
-    assert len(json.dumps(summary)) < 2_000
+    assert len(json.dumps(summary)) < 2_500
+
+
+def test_the_baseline_is_scored_on_the_same_rows_and_logged_beside_the_model(registry):
+    summary = _operator(registry, "2").execute({"ti": FakeTaskInstance()})  # no champion: one model
+
+    [command] = FakeSubprocessHook.commands
+    assert command[command.index("--baseline-output") + 1].endswith("eval_baseline.json")
+    metrics = registry.client.get_run(registry.runs[1]).data.metrics
+    assert metrics["baseline_accuracy"] == pytest.approx(0.95)
+    assert metrics["baseline_accuracy_ci_low"] < 0.95 < metrics["baseline_accuracy_ci_high"]
+    assert "baseline_macro_f1" in metrics and "baseline_loss_ci_low" not in metrics  # no loss: not an LM
+    # Paired on the same rows: the challenger (0.895) trails the baseline (0.95) by 0.055.
+    assert metrics["vs_baseline_accuracy_diff"] == pytest.approx(0.895 - 0.95)
+    assert metrics["vs_baseline_accuracy_ci_low"] < -0.055 < metrics["vs_baseline_accuracy_ci_high"]
+    assert summary["baseline"] == {k: v for k, v in metrics.items() if "baseline" in k}
 
 
 def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry):
@@ -195,6 +223,7 @@ def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry
     assert set(_artifacts(registry.client, registry.runs[0])) == {
         "evaluation/confusion_matrix.png",
         "evaluation/eval_challenger.json",
+        "evaluation/eval_baseline.json",
         "evaluation/predictions.csv",
     }
     assert "eval_macro_f1_ci_low" in registry.client.get_run(registry.runs[0]).data.metrics

@@ -340,3 +340,23 @@ def test_cli_evaluates_the_champion_in_the_same_process_on_the_same_rows(root, f
     assert compare_result_files(tmp_path / "challenger.json", tmp_path / "champion.json").to_summary()
     with pytest.raises(SystemExit):  # where its result goes is not optional
         main([*args[: args.index("--champion-output")]])
+
+
+def test_cli_scores_the_baseline_from_the_train_split_on_the_same_rows(root, full_run, tmp_path, capsys):
+    from sparktune.baseline import BASELINE_URI
+    from sparktune.comparison import compare_result_files
+    from sparktune.evaluation import main
+
+    args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "16"]
+    args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
+    args += ["--bootstrap-resamples", "100", "--baseline-output", str(tmp_path / "baseline.json")]
+    assert main([*args, "--baseline-max-train-rows", "40"]) == 0
+    baseline = json.loads((tmp_path / "baseline.json").read_text())
+    challenger = json.loads((tmp_path / "challenger.json").read_text())
+    assert baseline["model_uri"] == BASELINE_URI and baseline["n_examples"] == 16
+    assert baseline["example_ids"] == challenger["example_ids"] and baseline["labels"] == challenger["labels"]
+    assert "eval_accuracy" in baseline["ci"] and "eval_loss" not in baseline["ci"]
+    paired = compare_result_files(tmp_path / "challenger.json", tmp_path / "baseline.json")
+    assert paired.accuracy.champion == baseline["eval_accuracy"]
+    printed = capsys.readouterr().out
+    assert "baseline (TF-IDF + logistic regression on 40 train rows) split=test n=16" in printed
