@@ -54,7 +54,7 @@ REQUIRED_COLUMNS = ("prompt", "completion", "label")
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
-# The baseline's train rows: a yardstick needs no more, and its fit stays a few seconds.
+# The baseline's train rows at most: a yardstick needs no more, and its fit stays bounded.
 BASELINE_MAX_TRAIN_ROWS = 200_000
 # Metrics that get a confidence interval, in the order they are logged.
 CI_METRICS = ("eval_accuracy", "eval_macro_f1", "eval_loss")

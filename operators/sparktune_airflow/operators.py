@@ -1133,7 +1133,6 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         ]
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from sparktune.comparison import ComparisonInputError, compare_result_files
         from sparktune.registry import CHAMPION, alias_version
 
         client = _mlflow_client()
@@ -1169,10 +1168,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         champion = comparison = None
         if against_champion:
             champion = json.loads(champion_files[0].read_text())["metrics"]
-            try:
-                comparison = compare_result_files(files[0], champion_files[0])
-            except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
-                raise AirflowFailException(str(exc)) from exc
+            comparison = _paired(files[0], champion_files[0])
             files += champion_files
         baseline = _baseline_metrics(files[0], baseline_file)
         files.append(baseline_file)
@@ -1210,17 +1206,23 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         }
 
 
+def _paired(challenger_json: Path, other_json: Path) -> Any:
+    """The paired comparison of two result files the evaluation CLI wrote on one split."""
+    from sparktune.comparison import ComparisonInputError, compare_result_files
+
+    try:
+        return compare_result_files(challenger_json, other_json)
+    except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
+        raise AirflowFailException(str(exc)) from exc
+
+
 def _baseline_metrics(challenger_json: Path, baseline_json: Path) -> dict[str, float]:
     """The baseline's metrics and the paired (challenger - baseline) differences on the same rows."""
     from sparktune.baseline import baseline_metrics
-    from sparktune.comparison import ComparisonInputError, compare_result_files
     from sparktune.evaluation import EvalResult
 
-    try:
-        comparison = compare_result_files(challenger_json, baseline_json)
-    except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
-        raise AirflowFailException(str(exc)) from exc
-    return baseline_metrics(EvalResult.from_dict(json.loads(baseline_json.read_text())), comparison)
+    baseline = EvalResult.from_dict(json.loads(baseline_json.read_text()))
+    return baseline_metrics(baseline, _paired(challenger_json, baseline_json))
 
 
 class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
