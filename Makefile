@@ -71,7 +71,7 @@ browser: $(VENV)/.browser
 
 demo: venv
 	$(PY) -m sparktune.demo_data --rows $(DEMO_ROWS) --out $(SPARKTUNE_HOME)/data/support_tickets.jsonl
-	$(PY) -m sparktune_airflow.embedded run --dag llm_finetune --conf '$(CONF)' --tiny-model-recipe
+	$(PY) -m sparktune_airflow.embedded run --dag llm_finetune --conf '$(CONF)'
 	$(PY) -m sparktune.report
 
 # A gate that blocked promotion: the runner exits 3 and names the version and failed rules last

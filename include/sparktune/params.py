@@ -15,6 +15,10 @@ from typing import Any
 
 from sparktune.config import DEFAULT_MODEL_NAME, TINY_BASE_MODEL
 
+# The value of lora_target_modules and lora_modules_to_save that leaves them to the base model's
+# recipe (sparktune.recipes); the numeric recipe fields are left to it by leaving them empty (null).
+AUTO = "auto"
+_FROM_RECIPE = " Empty: from the base model's recipe (README, Training recipes)."
 MISTRAL_INSTRUCT_TEMPLATE = "[INST] Classify the intent of this support message:\n\n{text} [/INST] {label}"
 
 
@@ -236,28 +240,36 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "lora_target_modules",
         "string",
-        "q_proj,v_proj",
-        "Comma-separated module names that get adapters, or all-linear.",
+        AUTO,
+        "Comma-separated module names that get adapters, or all-linear. auto: from the base model's "
+        "recipe (README, Training recipes).",
         section="Training",
     ),
     ParamSpec(
         "lora_modules_to_save",
         "string",
-        "",
-        "Comma-separated modules trained in full beside the adapters (e.g. lm_head). Empty: none.",
+        AUTO,
+        "Comma-separated modules trained in full beside the adapters (e.g. lm_head). Empty: none. "
+        "auto: from the base model's recipe (README, Training recipes).",
         section="Training",
     ),
     ParamSpec(
         "learning_rate",
         "number",
-        2e-4,
-        "Peak learning rate.",
+        None,
+        "Peak learning rate." + _FROM_RECIPE,
         minimum=0.0,
         maximum=1.0,
         section="Training",
     ),
     ParamSpec(
-        "num_train_epochs", "number", 3.0, "Training epochs.", minimum=0.01, maximum=100, section="Training"
+        "num_train_epochs",
+        "number",
+        None,
+        "Training epochs." + _FROM_RECIPE,
+        minimum=0.01,
+        maximum=100,
+        section="Training",
     ),
     ParamSpec(
         "max_steps",
@@ -271,8 +283,8 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "per_device_train_batch_size",
         "integer",
-        4,
-        "Batch size per device.",
+        None,
+        "Batch size per device." + _FROM_RECIPE,
         minimum=1,
         maximum=4096,
         section="Training",
@@ -280,8 +292,8 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "gradient_accumulation_steps",
         "integer",
-        8,
-        "Micro-batches per optimizer step.",
+        None,
+        "Micro-batches per optimizer step." + _FROM_RECIPE,
         minimum=1,
         maximum=4096,
         section="Training",
@@ -441,6 +453,26 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         section="Promotion",
     ),
     ParamSpec(
+        "min_margin_over_baseline",
+        "number",
+        -0.05,
+        "Gate: the lower bound of the 95% paired interval of (challenger - baseline) test accuracy must "
+        "be at least this; the baseline is TF-IDF + logistic regression on the same splits. -0.05: the "
+        "fine-tuned model may trail the cheap one by at most 5 points. -1: off.",
+        minimum=-1.0,
+        maximum=1.0,
+        section="Promotion",
+    ),
+    ParamSpec(
+        "allow_label_change",
+        "boolean",
+        False,
+        "Promote a challenger whose label set differs from the champion's (labels added or removed). "
+        "Off: such a run is blocked, the gate names the labels, and the two are compared on the "
+        "labels they share.",
+        section="Promotion",
+    ),
+    ParamSpec(
         "force_retrain",
         "boolean",
         False,
@@ -459,6 +491,15 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
 )
 
 SPECS_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
+# Left unset, these come from the base model's recipe (sparktune.recipes) when training starts.
+RECIPE_FIELDS = (
+    "lora_target_modules",
+    "lora_modules_to_save",
+    "learning_rate",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+)
 # Switches that decide whether or how a run happens, not what model it trains: left out of
 # the config hash, so flipping them does not make the same training look new.
 RUN_SWITCHES = frozenset({"force_retrain", "merge_feedback", "trust_remote_code"})
@@ -495,11 +536,12 @@ class PipelineParams:
     lora_dropout: float
     lora_target_modules: str
     lora_modules_to_save: str
-    learning_rate: float
-    num_train_epochs: float
+    # None (and "auto" for the module lists): from the base model's recipe, filled in by training.
+    learning_rate: float | None
+    num_train_epochs: float | None
     max_steps: int
-    per_device_train_batch_size: int
-    gradient_accumulation_steps: int
+    per_device_train_batch_size: int | None
+    gradient_accumulation_steps: int | None
     warmup_ratio: float
     seed: int
     packing: bool
@@ -518,6 +560,8 @@ class PipelineParams:
     max_regression: float
     max_class_regression: float
     smoke_max_invalid_rate: float
+    min_margin_over_baseline: float = -0.05
+    allow_label_change: bool = False
     merge_feedback: bool = True
     force_retrain: bool = False
     trust_remote_code: bool = False
@@ -538,6 +582,8 @@ class InvalidParamsError(ValueError):
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
+    if value is None and spec.default is None:  # a recipe field left to the base model
+        return None, None
     if spec.type == "string":
         if value is None:  # the trigger form sends an emptied optional field as null
             value = ""
@@ -610,22 +656,6 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
 
     problems.extend(source_root_problems(values))
     return problems
-
-
-# The DAG's defaults are the seed recipe, made for a 7B model. The built-in tiny base model has too
-# few weights for it. Measured on 4,000 demo rows (2,596 train), 2 epochs at an effective batch of 32:
-# LoRA on q_proj,v_proj alone leaves the label loss near 9.5 (accuracy near chance, 0.1); adding a
-# trainable lm_head reaches 0.79 test accuracy; adapters on every linear layer plus lm_head at lr 2e-3
-# reach 1.00. The demo and the end-to-end test overlay this on their conf. Micro-batches of 16 (same
-# effective batch) because a CPU wastes less time on them.
-TINY_MODEL_RECIPE: dict[str, Any] = {
-    "lora_target_modules": "all-linear",
-    "lora_modules_to_save": "lm_head",
-    "learning_rate": 2e-3,
-    "num_train_epochs": 2.0,
-    "per_device_train_batch_size": 16,
-    "gradient_accumulation_steps": 2,
-}
 
 
 def default_params() -> dict[str, Any]:

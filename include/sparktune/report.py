@@ -33,6 +33,7 @@ def model_summary(model_name: str) -> dict:
     }
     run = client.get_run(newest.run_id)
     prepare = _load_json_artifact(newest.run_id, "pipeline/prepare_summary.json")
+    trained = _load_json_artifact(newest.run_id, "train_result.json")
     return {
         "model_name": model_name,
         "version": newest.version,
@@ -45,6 +46,7 @@ def model_summary(model_name: str) -> dict:
         "metrics": {k: v for k, v in sorted(run.data.metrics.items()) if not k.startswith("rows_out.")},
         "prepare_steps": (prepare or {}).get("steps", []),
         "split_counts": (prepare or {}).get("split_counts", {}),
+        "recipe": (trained or {}).get("recipe", {}),
     }
 
 
@@ -70,8 +72,12 @@ def format_summary(summary: dict) -> str:
         f"MLflow run id:     {summary['mlflow_run_id']}",
         f"Aliases of v{summary['version']}:    {', '.join(summary['version_aliases']) or '(none)'}",
         f"All aliases:       {json.dumps(summary['all_aliases'])}",
-        f"Gate decision:     {summary['gate_decision']}",
     ]
+    if summary.get("recipe"):
+        from sparktune.recipes import format_recipe
+
+        lines += format_recipe(summary["recipe"])
+    lines += [f"Gate decision:     {summary['gate_decision']}"]
     lines += [f"  {reason}" for reason in summary["gate_reasons"].splitlines()]
     lines.append("Metrics:")
     wanted = (

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from datasets import DatasetDict
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from sparktune.recipes import ResolvedRecipe
+
 # Named explicitly: run as `python -m`, __name__ would be "__main__".
 logger = logging.getLogger("sparktune.training")
 
@@ -124,6 +126,8 @@ class TrainResult:
     val_loss: float | None = None
     # The adapter over its base, as a pyfunc model (LoRA and QLoRA runs); "" for full fine-tuning.
     adapter_model_uri: str = ""
+    # sparktune.recipes.ResolvedRecipe.summary(): the recipe and which values came from it.
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -841,16 +845,32 @@ def train(request: TrainRequest) -> TrainResult:
     """
     params = parse_params(request.params)
     check_hardware(params)
+    resolved = resolve_recipe(params, request.base_model)
+    params = resolved.params
     output_dir = Path(request.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with using_tracking_uri(request.mlflow_tracking_uri):
-        result = _train_or_reuse(request, params, output_dir)
+        result = _train_or_reuse(request, params, output_dir, resolved.summary())
     if _rank() == 0:
         _write_result(output_dir, result)
     return result
 
 
-def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: Path) -> TrainResult:
+def resolve_recipe(params: PipelineParams, base_model: str) -> ResolvedRecipe:
+    """Fill the recipe fields the run left unset from the base model's recipe, and say so."""
+    from sparktune import recipes
+
+    resolved = recipes.resolve(
+        params, recipes.describe_base_model(base_model, trust_remote_code=params.trust_remote_code)
+    )
+    for line in recipes.format_recipe(resolved.summary()):
+        logger.info(line)
+    return resolved
+
+
+def _train_or_reuse(
+    request: TrainRequest, params: PipelineParams, output_dir: Path, recipe: dict[str, Any]
+) -> TrainResult:
     import mlflow
     from mlflow import MlflowClient
 
@@ -865,7 +885,7 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
     if _rank() != 0:
         # Every rank trains; only rank 0 owns the MLflow run.
         splits = _training_splits(request, params)
-        return _train_in_run(None, request, params, splits, output_dir, checkpoint)
+        return _train_in_run(None, request, params, splits, output_dir, checkpoint, recipe)
 
     unfinished = _unfinished_runs(client, experiment_id, request.train_key)
     resume_run = unfinished[0] if unfinished and checkpoint is not None else None
@@ -897,7 +917,7 @@ def _train_or_reuse(request: TrainRequest, params: PipelineParams, output_dir: P
         )
     with run_context as run:
         result = _train_in_run(
-            run.info.run_id, request, params, (train_ds, val_ds, n_train), output_dir, checkpoint
+            run.info.run_id, request, params, (train_ds, val_ds, n_train), output_dir, checkpoint, recipe
         )
         mlflow.log_dict(result.to_dict(), RESULT_ARTIFACT)
         # Set last: find_finished_run only trusts runs that got this far.
@@ -972,6 +992,7 @@ def _train_in_run(
     splits: tuple[Any, Any, int],
     output_dir: Path,
     checkpoint: tuple[Path, int] | None,
+    recipe: dict[str, Any],
 ) -> TrainResult:
     """Train (resuming from ``checkpoint``), then on rank 0 (``run_id`` set) log and verify the model."""
     import mlflow
@@ -1042,6 +1063,9 @@ def _train_in_run(
         mlflow.log_params(
             {
                 "base_model_resolved": request.base_model,
+                "recipe": recipe["name"],
+                # Which of the logged recipe values the run set (the rest came from the recipe).
+                "recipe_set_by_user": ",".join(sorted(recipe["set_by_user"])) or "(none)",
                 "dataset_path": request.dataset_path,
                 "n_train": n_train,
                 "n_validation": len(val_ds),
@@ -1097,6 +1121,7 @@ def _train_in_run(
             train_seconds=train_seconds,
             global_steps=global_steps,
             val_loss=val_loss,
+            recipe=recipe,
         )
 
     if not step_logger.losses and checkpoint is None:
@@ -1196,6 +1221,7 @@ def _train_in_run(
         reused=False,
         val_loss=val_loss,
         adapter_model_uri=adapter_uri,
+        recipe=recipe,
     )
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from sparktune.config import HOME_ENV, Settings
-from sparktune.params import TINY_MODEL_RECIPE
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -292,11 +291,6 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a DAG once with airflow dags test")
     run.add_argument("--dag", default="llm_finetune")
     run.add_argument("--conf", default="{}", help="DAG run conf as a JSON object")
-    run.add_argument(
-        "--tiny-model-recipe",
-        action="store_true",
-        help="start from the training recipe that suits the built-in tiny base model (conf wins)",
-    )
     sub.add_parser("env", help="print the embedded environment as shell exports")
     args = parser.parse_args(argv)
     home = Path(os.environ.get(HOME_ENV, ".local")).expanduser().resolve()
@@ -311,8 +305,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--conf is not valid JSON ({exc}); pass an object like '{{\"min_chars\": 30}}'")
     if not isinstance(conf, dict):
         parser.error('--conf must be a JSON object, e.g. \'{"source_uri": "data/tickets.csv"}\'')
-    if args.tiny_model_recipe:
-        conf = {**TINY_MODEL_RECIPE, **conf}
     return run_dag(args.dag, conf, home)
 
 

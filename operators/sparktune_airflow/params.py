@@ -25,8 +25,10 @@ def _param(spec: ParamSpec) -> Param:
     # An optional string is nullable: the form sends an emptied field as null (parse_params reads
     # it as ""), while a plain "string" field counts as required and an empty one blocks the form.
     optional_string = spec.type == "string" and not spec.enum and not spec.min_length
+    # A number left to the base model's recipe: empty in the form, null in the conf.
+    nullable = optional_string or spec.default is None
     schema: dict[str, Any] = {
-        "type": ["string", "null"] if optional_string else spec.type,
+        "type": [spec.type, "null"] if nullable else spec.type,
         "title": spec.name,
         "section": spec.section,
     }

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sparktune.params import TINY_MODEL_RECIPE
 
 try:
     from tests.e2e.dag_runs import output_tail, run_dag
@@ -62,7 +61,7 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
 
     client = _client(home)
     # learning_rate 0: the model learns nothing and stays near chance on the labels.
-    untrained = {**TINY_MODEL_RECIPE, "learning_rate": 0.0, "max_steps": 1}
+    untrained = {"learning_rate": 0.0, "max_steps": 1}
     blocked = run_dag(home, "llm_finetune", untrained)
     # The Airflow run ends cleanly with promotion skipped; the runner (make run) exits 3 and says so last.
     assert blocked.returncode == 3, output_tail(blocked)
@@ -103,7 +102,7 @@ def test_bad_data_fails_the_run_before_training(home):
     """After the runs above: prepare_data takes their prepared data, whose quality report was made
     under other rules (min_train_rows), so validate_data validates it again, on Spark, and fails."""
     versions = len(_versions(home))
-    result = run_dag(home, "llm_finetune", {**TINY_MODEL_RECIPE, "min_train_rows": 1_000_000})
+    result = run_dag(home, "llm_finetune", {"min_train_rows": 1_000_000})
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "no Spark job" in output and "rules changed since its report" in output, output_tail(result)

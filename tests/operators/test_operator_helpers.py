@@ -56,6 +56,12 @@ def test_trigger_form_requires_only_the_strings_that_must_not_be_empty():
     assert params["text_column"].schema["type"] == "string"
     assert params["text_column"].schema["minLength"] == 1
     assert params["gate_mode"].schema["type"] == "string"  # an enum: one of its values
+    # A recipe number may stay empty: training takes it from the base model's recipe.
+    assert params["learning_rate"].schema["type"] == ["number", "null"]
+    assert (
+        params["learning_rate"].value is None and "base model's recipe" in params["learning_rate"].description
+    )
+    assert params["lora_r"].schema["type"] == "integer"
 
 
 def test_config_hash_follows_every_param():

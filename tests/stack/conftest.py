@@ -262,12 +262,10 @@ def rest_run(stack) -> dict:
     The other tests check everything a clean run must show on this run: the fault must change
     nothing but ``train``'s try number.
     """
-    from sparktune.params import TINY_MODEL_RECIPE
-
     stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
     # Started by the champion asset event that promote_champion emits (test_full_stack checks it).
     stack.rest("PATCH", "/dags/batch_inference", {"is_paused": False})
-    run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": TINY_MODEL_RECIPE})
+    run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": {}})
     fault = _kill_scheduler_during_training(stack, run["dag_run_id"])
     run = stack.wait_for_run("llm_finetune", run["dag_run_id"])
     run["tasks"] = _task_states(stack, "llm_finetune", run["dag_run_id"])

@@ -25,7 +25,6 @@ from datetime import datetime
 from urllib.parse import quote
 
 import pytest
-from sparktune.params import TINY_MODEL_RECIPE
 
 pytestmark = [pytest.mark.stack, pytest.mark.e2e, pytest.mark.load]
 
@@ -40,7 +39,6 @@ RUNS_TIMEOUT = 45 * 60
 
 def _conf(source: str, steps: int) -> dict:
     return {
-        **TINY_MODEL_RECIPE,
         "source_uri": source,
         "model_name": MODEL,
         "max_steps": steps,
