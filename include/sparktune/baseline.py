@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from sparktune.comparison import PairedComparison
 
 BASELINE_URI = "baseline:tfidf-logistic-regression"
+# What the baseline is called where people read it (the gate's reasons, the task log).
+BASELINE_NAME = "TF-IDF + logistic regression"
 # Prefix of the paired (model - baseline) metrics: vs_baseline_accuracy_diff, ..._ci_low, ...
 VS_BASELINE_PREFIX = "vs_baseline_"
 

@@ -7,6 +7,11 @@ reflects only the rows on which they disagree. That interval, not the two models
 says whether a drop in accuracy is noise.
 
 The resamples are :func:`sparktune.evaluation.bootstrap_cis`'s: percentile bootstrap, fixed seed.
+
+When the two models were trained on different label sets (a label added or removed since the
+champion), a row of a label only one of them knows is no contest: the other cannot be right on
+it. :func:`label_change` names the labels added and removed, and the comparison keeps only the rows
+whose true label both models know (macro F1 averages over those labels); ``n_examples`` counts them.
 """
 
 from __future__ import annotations
@@ -89,9 +94,62 @@ class PairedComparison:
 
 
 @dataclass(frozen=True)
+class LabelChange:
+    """How the challenger's label set differs from the champion's, and how many test rows have a
+    true label both know (the rows the two are compared on)."""
+
+    added: list[str]  # the challenger's labels the champion was not trained on
+    removed: list[str]  # the champion's labels the challenger was not trained on
+    n_rows: int
+    n_shared_rows: int
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed)
+
+    def to_summary(self) -> dict[str, Any]:
+        """JSON-able, for XCom: label names and two counts."""
+        return asdict(self)
+
+    @classmethod
+    def from_summary(cls, raw: dict[str, Any]) -> LabelChange:
+        return cls(
+            added=[str(v) for v in raw["added"]],
+            removed=[str(v) for v in raw["removed"]],
+            n_rows=int(raw["n_rows"]),
+            n_shared_rows=int(raw["n_shared_rows"]),
+        )
+
+
+def model_label_set(result: EvalResult) -> list[str]:
+    """The labels the model answers with: its recorded ``model_labels``, else the split's labels it
+    was scored against (a result that did not record them: no change can be seen)."""
+    return list(result.model_labels or result.labels)
+
+
+def _shared_labels(challenger: EvalResult, champion: EvalResult) -> set[str]:
+    return set(model_label_set(challenger)) & set(model_label_set(champion))
+
+
+def label_change(challenger: EvalResult, champion: EvalResult) -> LabelChange:
+    """The labels the challenger added and removed against the champion, and how many of the
+    challenger's test rows have a true label both know."""
+    ours, theirs = model_label_set(challenger), model_label_set(champion)
+    shared = set(ours) & set(theirs)
+    truth = _names(challenger, challenger.y_true, "challenger", "y_true")
+    return LabelChange(
+        added=sorted(set(ours) - set(theirs)),
+        removed=sorted(set(theirs) - set(ours)),
+        n_rows=len(truth),
+        n_shared_rows=sum(t in shared for t in truth),
+    )
+
+
+@dataclass(frozen=True)
 class PairedOutcomes:
     """Both models' predictions on the same rows, as indices into one shared class list whose
-    first ``len(labels)`` entries are the split's labels (what macro F1 averages over)."""
+    first ``len(labels)`` entries are the split's labels both models know (what macro F1 averages
+    over)."""
 
     labels: list[str]
     y_true: npt.NDArray[np.int64]
@@ -113,8 +171,12 @@ def paired_outcomes(challenger: EvalResult, champion: EvalResult) -> PairedOutco
     """Line up both results' per-row outcomes by class *name* (each result numbers its classes
     itself: one may have ``<invalid>`` or a class the other never predicted).
 
+    When the two models' label sets differ (:func:`label_change`), only the rows whose true label
+    both know are kept, and only those labels are averaged over; a prediction of a label the other
+    model lacks is then a miss like any wrong label.
+
     Raises :class:`ComparisonInputError` listing every problem when the two were not scored on the
-    same rows in the same order with the same labels.
+    same rows in the same order, or when no row has a label both models know.
     """
     problems: list[str] = []
     for role, result in (("challenger", challenger), ("champion", champion)):
@@ -130,11 +192,6 @@ def paired_outcomes(challenger: EvalResult, champion: EvalResult) -> PairedOutco
         problems.append(
             f"the challenger was scored on {challenger.n_examples} rows and the champion on "
             f"{champion.n_examples}: not the same split"
-        )
-    if set(challenger.labels) != set(champion.labels):
-        problems.append(
-            f"the label sets differ (challenger {sorted(challenger.labels)}, "
-            f"champion {sorted(champion.labels)})"
         )
     truth = _names(challenger, challenger.y_true, "challenger", "y_true")
     champion_truth = _names(champion, champion.y_true, "champion", "y_true")
@@ -153,9 +210,22 @@ def paired_outcomes(challenger: EvalResult, champion: EvalResult) -> PairedOutco
             + ". Evaluate both on the same dataset_path and split, with the same max_examples."
         )
 
-    labels = list(challenger.labels) or sorted(set(truth))
+    shared = _shared_labels(challenger, champion)
+    # A row of a label one model was never trained on says nothing about which model is better.
+    keep = [i for i, name in enumerate(truth) if name in shared]
+    if not keep:
+        change = label_change(challenger, champion)
+        raise ComparisonInputError(
+            f"Cannot pair challenger and champion row by row: none of the {len(truth)} rows has a label "
+            f"both models know (the challenger added {change.added}, removed {change.removed}); "
+            "compare models trained on overlapping label sets."
+        )
+    labels = [name for name in (list(challenger.labels) or sorted(set(truth))) if name in shared]
     challenger_names = _names(challenger, challenger.y_pred, "challenger", "y_pred")
     champion_names = _names(champion, champion.y_pred, "champion", "y_pred")
+    truth, challenger_names, champion_names = (
+        [names[i] for i in keep] for names in (truth, challenger_names, champion_names)
+    )
     # Predictions that are no label (another class of a classifier's head, "<invalid>") come after
     # the labels: macro F1 counts them as misses of the true class and as no class's hit.
     others = sorted((set(challenger_names) | set(champion_names)) - set(labels) - {INVALID_PREDICTION})
@@ -183,7 +253,8 @@ def paired_comparison(
     """Accuracy and macro F1 of ``challenger - champion`` with paired percentile bootstrap intervals.
 
     Both differences come from the same ``n_resamples`` resamples of row indices (seeded: the same
-    results give the same intervals), each applied to both models' outcomes.
+    results give the same intervals), each applied to both models' outcomes. Models trained on
+    different label sets are compared on the rows whose label both know (:func:`paired_outcomes`).
     """
     outcomes = paired_outcomes(challenger, champion)
     n_labels = len(outcomes.labels)

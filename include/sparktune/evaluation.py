@@ -11,6 +11,10 @@ predicts the argmax of its head's logits over the text, mapped through ``config.
 loss is the mean cross-entropy of the true label, as the trainer's ``val_loss``.
 
 Both return the same :class:`EvalResult`, so the gate and the registry downstream do not care.
+It also records the labels the model itself answers with (``model_labels``): a champion trained
+before a label was added or removed is scored on the split all the same (``allow_other_labels``,
+even a classifier that shares no label with it), and :mod:`sparktune.comparison` pairs the two on
+the rows whose label both know.
 
 The result keeps every example's outcome (true and predicted class index, completion loss and
 token count), so the 95% confidence intervals are a percentile bootstrap over test examples
@@ -79,6 +83,10 @@ class EvalResult:
     split: str = ""
     n_invalid: int = 0
     labels: list[str] = field(default_factory=list)
+    # The labels the model itself answers with (a classifier's head, a causal LM's candidates):
+    # after a label-set change the champion's differ from the split's ``labels``, and only rows of
+    # labels both models know compare like for like (sparktune.comparison). Empty: not recorded.
+    model_labels: list[str] = field(default_factory=list)
     # A few generations that matched no label, to see why (no eos learned, a misspelt label...).
     invalid_samples: list[str] = field(default_factory=list)
     # label -> share of its examples predicted as it (0 for a label the split lacks).
@@ -679,6 +687,7 @@ def evaluate_model(
     bootstrap_seed: int = BOOTSTRAP_SEED,
     trust_remote_code: bool = False,
     prompt_template: str | None = None,
+    allow_other_labels: bool = False,
 ) -> EvalResult:
     """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1,
     per-class recall, with 95% bootstrap intervals of accuracy, macro F1 and loss.
@@ -692,6 +701,10 @@ def evaluate_model(
     user of ``mlflow.pyfunc.load_model`` gets, kept per example (``example_ids``, ``scores``).
     ``prompt_template`` is used only for a model that does not carry one (a bare Hugging Face
     folder); default: the pipeline's.
+
+    A classifier that knows none of the split's labels is refused, unless ``allow_other_labels``
+    (the champion, when the challenger brings a new label set): then every row is an error, the
+    loss is NaN, and :attr:`EvalResult.model_labels` says what it was trained on.
     """
     import torch
 
@@ -738,12 +751,23 @@ def evaluate_model(
                 model, tokenizer, list(dataset["prompt"]), list(dataset["completion"]), batch_size
             )
     loss_tokens = sum(example_tokens)
-    if classifier and loss_tokens == 0:
+    # Not one row has a label the classifier knows: a loss over no token would read 0, not "none".
+    disjoint = classifier and loss_tokens == 0
+    if disjoint and allow_other_labels:
+        logger.warning(
+            "The classifier %s has labels %s, none of which is a label of split %r (%s): every row "
+            "counts as an error and it has no loss.",
+            model_uri,
+            sorted(scorer.spec.labels),
+            split,
+            names,
+        )
+    elif disjoint:
         raise EvaluationInputError(
             f"The classifier {model_uri!r} has labels {sorted(scorer.spec.labels)}, none of "
             f"which is a label of split {split!r} ({names}); it was trained on other labels."
         )
-    if classifier and loss_tokens < len(truth):
+    elif classifier and loss_tokens < len(truth):
         logger.warning(
             "%d of %d %s examples have labels the classifier %s does not know; they count as errors "
             "and are left out of the loss.",
@@ -758,8 +782,8 @@ def evaluate_model(
         truth,
         predicted,
         names,
-        example_loss=example_loss,
-        example_tokens=example_tokens,
+        example_loss=None if disjoint else example_loss,
+        example_tokens=None if disjoint else example_tokens,
         bootstrap_resamples=bootstrap_resamples,
         bootstrap_seed=bootstrap_seed,
         seconds=time.perf_counter() - started,
@@ -774,6 +798,7 @@ def evaluate_model(
             else [str(i) for i in range(len(truth))]
         ),
         scores=[float(v) for v in scores],
+        model_labels=[str(label) for label in scorer.spec.labels],
     )
     logger.info(
         "Evaluated %s on %d %s examples in %.1f s: loss %.4f%s, accuracy %.4f%s, macro F1 %.4f%s, "
@@ -884,6 +909,8 @@ def main(argv: list[str] | None = None) -> int:
             args.champion_output,
             args.champion_predictions,
             args.champion_confusion_matrix,
+            # A champion trained before a label-set change is still scored; the gate names the change.
+            allow_other_labels=True,
         )
     if code == 0 and args.baseline_output:
         code = _baseline_and_write(args)
@@ -932,6 +959,8 @@ def _evaluate_and_write(
     output_path: str,
     predictions: str | None,
     figure: str | None,
+    *,
+    allow_other_labels: bool = False,
 ) -> int:
     """Evaluate one model with the CLI's settings and write its files; the CLI's exit code."""
     try:
@@ -946,6 +975,7 @@ def _evaluate_and_write(
             bootstrap_seed=args.bootstrap_seed,
             trust_remote_code=args.trust_remote_code == "true",
             prompt_template=args.prompt_template,
+            allow_other_labels=allow_other_labels,
         )
     except (EvaluationInputError, UnsafeModelError) as err:
         logger.error("%s", err)

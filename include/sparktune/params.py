@@ -416,8 +416,10 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "max_eval_loss",
         "number",
-        10.0,
-        "Gate: the challenger's test loss (label tokens) must be at most this.",
+        1.0,
+        "Gate: the challenger's test loss (mean over label tokens; cross-entropy over labels for "
+        "sequence_classification) must be at most this. 1.0: a perplexity of e on the answer, a model "
+        "unsure between several labels; an untrained model scores about 9.",
         minimum=0.0,
         maximum=1000.0,
         section="Promotion",
@@ -445,9 +447,10 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "max_class_regression",
         "number",
-        1.0,
+        0.25,
         "Gate: no class's test recall may fall more than this below the champion's (point estimates; "
-        "the reason names the classes that lost most). 1: off.",
+        "the reason names the classes that lost most): a better average must not hide a class the "
+        "new model lost. 1: off.",
         minimum=0.0,
         maximum=1.0,
         section="Promotion",

@@ -1087,7 +1087,12 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
 
     Returns both models' flat metrics and versions, and the paired comparison of the two on the same
     rows (differences of accuracy and macro F1 with their bootstrap intervals); the champion's
-    metrics and the comparison are None when there is no champion.
+    metrics and the comparison are None when there is no champion. ``label_change`` says which
+    labels the challenger added and removed against the champion (each model's label set from its
+    evaluation, else its version's ``labels`` tag; None without a champion); when they differ, the
+    comparison covers only the rows whose label both know (None when there is no such row), while
+    the champion's own metrics stay those of every row. ``baseline`` holds the TF-IDF +
+    logistic regression baseline's metrics and the paired differences to it.
 
     :param model_name: (templated) the registered model name; its ``champion`` alias is the baseline.
     :param version: (templated) the challenger's version.
@@ -1165,10 +1170,22 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         what = challenger_uri + (f" and champion v{champion_version}" if against_champion else "")
         _raise_for_exit_code(f"evaluating {what}", result.exit_code, result.output)
         challenger = json.loads(files[0].read_text())["metrics"]
-        champion = comparison = None
+        champion = comparison = change = None
         if against_champion:
             champion = json.loads(champion_files[0].read_text())["metrics"]
-            comparison = _paired(files[0], champion_files[0])
+            comparison, change = _versus_champion(
+                client, self.model_name, (str(self.version), champion_version), files[0], champion_files[0]
+            )
+            if change.changed:
+                self.log.warning(
+                    "label set changed vs champion v%s: added %s, removed %s; compared on the %d of %d "
+                    "test rows whose label both know",
+                    champion_version,
+                    change.added,
+                    change.removed,
+                    change.n_shared_rows,
+                    change.n_rows,
+                )
             files += champion_files
         baseline = _baseline_metrics(files[0], baseline_file)
         files.append(baseline_file)
@@ -1202,6 +1219,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             "challenger": challenger,
             "champion": champion,
             "comparison": comparison.to_summary() if comparison else None,
+            "label_change": change.to_summary() if change else None,
             "baseline": baseline,
         }
 
@@ -1214,6 +1232,41 @@ def _paired(challenger_json: Path, other_json: Path) -> Any:
         return compare_result_files(challenger_json, other_json)
     except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
         raise AirflowFailException(str(exc)) from exc
+
+
+def _versus_champion(
+    client: Any, model_name: str, versions: tuple[str, str], challenger_json: Path, champion_json: Path
+) -> tuple[Any, Any]:
+    """(the paired comparison or None, the label change) of challenger and champion, ``versions``
+    in that order. Models trained on different label sets are compared on the rows whose label both
+    know; with no such row there is nothing to pair (None), and the gate says so."""
+    from sparktune.comparison import ComparisonInputError, label_change, paired_comparison
+
+    challenger, champion = (
+        _with_model_labels(client, model_name, version, path)
+        for version, path in zip(versions, (challenger_json, champion_json), strict=True)
+    )
+    try:
+        change = label_change(challenger, champion)
+        return (paired_comparison(challenger, champion) if change.n_shared_rows else None), change
+    except ComparisonInputError as exc:  # both were scored on one split: a bug, not a fault
+        raise AirflowFailException(str(exc)) from exc
+
+
+def _with_model_labels(client: Any, model_name: str, version: str, result_json: Path) -> Any:
+    """A result file the evaluation CLI wrote, with the model's label set: as the evaluation
+    recorded it, else the version's ``labels`` tag (registration sets it from the prepared data)."""
+    from sparktune.evaluation import EvalResult
+
+    result = EvalResult.from_dict(json.loads(result_json.read_text()))
+    if result.model_labels:
+        return result
+    tag = client.get_model_version(model_name, version).tags.get("labels")
+    try:
+        labels = json.loads(tag) if tag else None
+    except ValueError:  # a hand-edited tag: the split's labels stand in, as before label sets were compared
+        labels = None
+    return replace(result, model_labels=[str(v) for v in labels]) if isinstance(labels, list) else result
 
 
 def _baseline_metrics(challenger_json: Path, baseline_json: Path) -> dict[str, float]:
@@ -1234,7 +1287,8 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     :param evaluation: (templated) what ``EvaluateModelOperator`` returned.
     :param run_id: (templated) the MLflow run tagged with the decision, mode and reasons.
     :param pipeline_params: (templated) ``gate_mode``, ``min_accuracy``, ``max_eval_loss``,
-        ``max_regression``, ``max_class_regression``; default (None): the DAG run's params.
+        ``max_regression``, ``max_class_regression``, ``min_margin_over_baseline``,
+        ``allow_label_change``; default (None): the DAG run's params.
     """
 
     template_fields: Sequence[str] = ("evaluation", "run_id", "pipeline_params")
@@ -1253,12 +1307,14 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         self.pipeline_params = pipeline_params
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from sparktune.comparison import PairedComparison
+        from sparktune.comparison import LabelChange, PairedComparison
         from sparktune.gate import decide, gate_rules
 
         params = pipeline_params(self.pipeline_params, context)
         evaluation = self.evaluation
         comparison = evaluation.get("comparison")
+        # Absent from what an evaluation before these rules returned: the rules then say so and pass.
+        change = evaluation.get("label_change")
         decision = decide(
             gate_rules(params),
             evaluation["challenger"],
@@ -1266,6 +1322,8 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             params.gate_mode,
             comparison=PairedComparison.from_summary(comparison) if comparison else None,
             champion_version=evaluation["champion_version"],
+            baseline=evaluation.get("baseline"),
+            label_change=LabelChange.from_summary(change) if change else None,
         )
         for reason in decision.reasons:
             self.log.info("gate: %s", reason)

@@ -110,6 +110,12 @@ def test_run_ends_with_a_champion_with_metrics(home, happy_run):
     for metric in ("eval_loss", "eval_accuracy", "eval_macro_f1", "train_loss", "tokens_per_second"):
         assert metric in run.data.metrics, metric
     assert 0.0 <= run.data.metrics["eval_accuracy"] <= 1.0
+    # The run set no training param: the recipe came from the built-in base model, and with it the
+    # model is as good as the cheap baseline scored on the same test rows.
+    assert run.data.params["recipe"] == "built-in-causal-lm"
+    assert run.data.params["recipe_set_by_user"] == "(none)"
+    assert run.data.params["learning_rate"] == "0.002"
+    assert run.data.metrics["eval_accuracy"] >= run.data.metrics["baseline_accuracy"] - 0.05
     assert run.data.tags["sparktune.gate.decision"] == "promote"
     fingerprint = run.data.tags["sparktune.data_fingerprint"]
     assert champion.tags["data_fingerprint"] == fingerprint

@@ -78,6 +78,8 @@ def _result(model_uri: str, n: int = 200):
 
 class FakeSubprocessHook:
     commands: list[list[str]] = []
+    # The labels the champion's evaluation records as its model's (None: none recorded).
+    champion_labels: list[str] | None = None
 
     def run_command(self, command, env=None):
         from sparktune.evaluation import confusion_matrix_figure, write_predictions_csv
@@ -88,6 +90,8 @@ class FakeSubprocessHook:
             if f"{prefix}model-uri" not in args:
                 continue
             result = _result(args[f"{prefix}model-uri"])
+            if prefix == "--champion-" and FakeSubprocessHook.champion_labels is not None:
+                result.model_labels = list(FakeSubprocessHook.champion_labels)
             Path(args[f"{prefix}output"]).write_text(result.to_json())
             confusion_matrix_figure(result, args[f"{prefix}confusion-matrix"])
             write_predictions_csv(result, args[f"{prefix}predictions"])
@@ -114,6 +118,7 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setattr(operators, "SubprocessHook", FakeSubprocessHook)
     FakeSubprocessHook.commands = []
+    FakeSubprocessHook.champion_labels = None
     # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
     # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
     client = operators._mlflow_client()
@@ -236,6 +241,8 @@ def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry
 def _gate(registry, evaluation: dict, **params):
     from sparktune_airflow.operators import PromotionGateOperator
 
+    # The per-class rule is on by default; these evaluations carry recalls only where a test sets it.
+    params = {"max_class_regression": 1.0, **params}
     return PromotionGateOperator(
         task_id="gate", evaluation=evaluation, run_id=registry.runs[1], pipeline_params=params
     )
@@ -248,7 +255,10 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
     client.set_registered_model_alias("eval-op", "champion", "1")
     evaluation = _operator(registry, "2").execute({"ti": FakeTaskInstance()})
 
-    decision = _gate(registry, evaluation, min_accuracy=0.7, max_class_regression=0.1).execute({})
+    # The TF-IDF baseline is 5.5 points ahead: allow up to 20 here (the default, 5, blocks it).
+    decision = _gate(
+        registry, evaluation, min_accuracy=0.7, max_class_regression=0.1, min_margin_over_baseline=-0.2
+    ).execute({})
     assert decision["promote"] and decision["failed_rules"] == []
     assert (decision["model_name"], decision["challenger_version"], decision["champion_version"]) == (
         "eval-op",
@@ -267,6 +277,15 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
         decision["reasons"][3]
         == "max_class_regression: pass, no class's recall fell vs champion v1, allowed drop 0.100"
     )
+    baseline = evaluation["baseline"]
+    assert decision["reasons"][4] == (
+        "min_margin_over_baseline: pass, accuracy vs baseline (TF-IDF + logistic regression, 0.950 "
+        f"[95% CI {baseline['baseline_accuracy_ci_low']:.3f}, {baseline['baseline_accuracy_ci_high']:.3f}]): "
+        f"-0.055 [95% CI {baseline['vs_baseline_accuracy_ci_low']:+.3f}, "
+        f"{baseline['vs_baseline_accuracy_ci_high']:+.3f}]: lower bound "
+        f"{baseline['vs_baseline_accuracy_ci_low']:+.3f} >= -0.200"
+    )
+    assert decision["reasons"][5] == "label_set_unchanged: pass, the challenger's labels are champion v1's"
     assert decision["reasons"][-1].startswith("macro_f1 (information, no rule): macro_f1 vs champion v1: +")
 
     # 0.895 on 200 rows clears 0.88, but the interval's lower bound does not: blocked, promotion skipped.
@@ -277,7 +296,7 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
     monkeypatch.setattr(operators, "skip_downstream", skip)
     ti = RecordingTaskInstance(task_id="gate")
     with pytest.raises(DownstreamTasksSkipped):
-        _gate(registry, evaluation, min_accuracy=0.88).execute({"ti": ti})
+        _gate(registry, evaluation, min_accuracy=0.88, min_margin_over_baseline=-1).execute({"ti": ti})
     blocked = ti.pushed["return_value"]
     assert not blocked["promote"] and blocked["failed_rules"] == ["min_accuracy"]
     assert (blocked["model_name"], blocked["challenger_version"]) == ("eval-op", "2")
@@ -285,3 +304,56 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
     tags = client.get_run(registry.runs[1]).data.tags
     assert tags["sparktune.gate.decision"] == "blocked" and "lower bound" in tags["sparktune.gate.reasons"]
     assert client.get_model_version("eval-op", "2").tags["gate_decision"] == "blocked"
+
+
+@pytest.mark.parametrize("source", ["evaluation", "version tag"])
+def test_a_champion_of_another_label_set_is_compared_on_shared_label_rows_and_blocked(
+    registry, monkeypatch, source
+):
+    from sparktune_airflow import operators
+
+    client = registry.client
+    client.set_registered_model_alias("eval-op", "champion", "1")
+    # The champion knew billing and shipping: login is new, shipping gone. Its evaluation says so,
+    # or (a result that did not record it) the labels tag registration put on its version.
+    if source == "evaluation":
+        FakeSubprocessHook.champion_labels = ["billing", "shipping"]
+    else:
+        client.set_model_version_tag("eval-op", "1", "labels", json.dumps(["billing", "shipping"]))
+
+    evaluation = _operator(registry, "2").execute({"ti": FakeTaskInstance()})  # no error: scored and paired
+
+    assert evaluation["label_change"] == {
+        "added": ["login"],
+        "removed": ["shipping"],
+        "n_rows": 200,
+        "n_shared_rows": 100,  # the billing rows
+    }
+    # Paired on the billing rows only (the even ones): the challenger misses every 10th row, all of
+    # them billing rows, the champion every 4th.
+    assert evaluation["comparison"]["n_examples"] == 100
+    assert evaluation["comparison"]["accuracy"]["challenger"] == pytest.approx(0.8)
+    assert evaluation["comparison"]["accuracy"]["champion"] == pytest.approx(0.5)
+    metrics = client.get_run(registry.runs[1]).data.metrics
+    assert metrics["vs_champion_accuracy_diff"] == pytest.approx(0.3)
+
+    monkeypatch.setattr(operators, "skip_downstream", lambda operator, context: None)
+    params = {"min_accuracy": 0.7, "max_class_regression": 0.1, "min_margin_over_baseline": -1}
+    blocked = _gate(registry, evaluation, **params).execute({"ti": RecordingTaskInstance(task_id="gate")})
+    assert not blocked["promote"] and blocked["failed_rules"] == ["label_set_unchanged"]
+    assert blocked["reasons"][4] == (
+        "label_set_unchanged: FAIL, the challenger's labels differ from champion v1's: added ['login'], "
+        "removed ['shipping']; set allow_label_change=true to promote a new label set under this model name"
+    )
+    assert blocked["reasons"][2].startswith(
+        "max_regression: pass, accuracy vs champion v1 on 100 shared-label rows: +0.300"
+    )
+    # Recall is compared on billing alone, the one label both know (tests/unit/test_gate.py: which).
+    assert blocked["reasons"][3] == (
+        "max_class_regression: pass, no class's recall fell vs champion v1 on 100 shared-label rows, "
+        "allowed drop 0.100"
+    )
+
+    allowed = _gate(registry, evaluation, **params, allow_label_change=True).execute({})
+    assert allowed["promote"] and allowed["failed_rules"] == []
+    assert "the change was allowed (allow_label_change=true)" in allowed["reasons"][4]

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from sparktune.comparison import (
     ComparisonInputError,
+    LabelChange,
     PairedComparison,
     compare_result_files,
+    label_change,
     paired_comparison,
 )
 from sparktune.evaluation import INVALID_PREDICTION, EvalResult
@@ -181,3 +183,67 @@ def test_summary_round_trips_and_flat_metrics_are_named_for_mlflow(tmp_path):
     assert metrics["vs_champion_accuracy_diff"] == comparison.accuracy.difference
     assert comparison.accuracy.ci_low <= comparison.accuracy.difference <= comparison.accuracy.ci_high
     assert (comparison.n_examples, comparison.n_resamples, comparison.confidence) == (200, 1000, 0.95)
+
+
+# --------------------------------------------------------------------------------------------
+# Label sets that differ: a champion trained before a label was added or removed
+
+
+def _trained_on(result: EvalResult, labels: list[str]) -> EvalResult:
+    result.model_labels = list(labels)
+    return result
+
+
+def test_models_trained_on_other_label_sets_are_compared_on_the_rows_of_labels_both_know():
+    from sklearn.metrics import f1_score
+
+    # The champion was trained on billing, login and "account" (since dropped); the challenger on
+    # billing, login and refund (new). Refund rows are no contest: the champion never learned refund.
+    truth, challenger_pred = _rows(300, seed=8, accuracy=0.85)
+    champion_pred = [
+        "account" if i % 7 == 0 else ("login" if t == "refund" else t) for i, t in enumerate(truth)
+    ]
+    challenger = _trained_on(_result(truth, challenger_pred), LABELS)
+    champion = _trained_on(_result(truth, champion_pred), ["account", "billing", "login"])
+
+    change = label_change(challenger, champion)
+    shared = [i for i, t in enumerate(truth) if t in ("billing", "login")]
+    assert change == LabelChange(["refund"], ["account"], 300, len(shared)) and change.changed
+    assert LabelChange.from_summary(change.to_summary()) == change
+
+    comparison = paired_comparison(challenger, champion)
+    assert comparison.n_examples == len(shared) < 300
+    t, a, b = (np.array(v)[shared] for v in (truth, challenger_pred, champion_pred))
+    assert comparison.accuracy.challenger == pytest.approx((a == t).mean())
+    assert comparison.accuracy.champion == pytest.approx((b == t).mean())  # "account" is a miss
+    # Macro F1 averages over the labels both know; a prediction of refund (or account) is a miss.
+    shared_labels = ["billing", "login"]
+    assert comparison.macro_f1.difference == pytest.approx(
+        f1_score(t, a, labels=shared_labels, average="macro", zero_division=0)
+        - f1_score(t, b, labels=shared_labels, average="macro", zero_division=0)
+    )
+    # On every row, the champion would have lost all refund rows: a drop that is not the model's.
+    everywhere = np.mean(np.array(challenger_pred) == np.array(truth)) - np.mean(
+        np.array(champion_pred) == np.array(truth)
+    )
+    assert comparison.accuracy.difference < everywhere
+
+
+def test_label_sets_are_the_recorded_model_labels_else_the_split_labels():
+    truth, predicted = _rows(90, seed=9)
+    unrecorded = label_change(_result(truth, predicted), _result(truth, predicted))
+    assert unrecorded == LabelChange([], [], 90, 90) and not unrecorded.changed
+    # The split's labels disagreeing used to refuse the pair; now they are label sets like any other.
+    champion = _result(truth, predicted)
+    champion.labels = ["billing", "login"]
+    comparison = paired_comparison(_result(truth, predicted), champion)
+    assert comparison.n_examples == sum(t != "refund" for t in truth)
+
+
+def test_no_row_of_a_label_both_know_is_refused_with_the_labels():
+    truth, predicted = _rows(60, seed=10)
+    challenger = _trained_on(_result(truth, predicted), LABELS)
+    champion = _trained_on(_result(truth, ["cancel"] * 60), ["cancel", "upgrade"])
+    assert label_change(challenger, champion).n_shared_rows == 0
+    with pytest.raises(ComparisonInputError, match=r"none of the 60 rows has a label both models know"):
+        paired_comparison(challenger, champion)

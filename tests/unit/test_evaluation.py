@@ -360,3 +360,64 @@ def test_cli_scores_the_baseline_from_the_train_split_on_the_same_rows(root, ful
     assert paired.accuracy.champion == baseline["eval_accuracy"]
     printed = capsys.readouterr().out
     assert "baseline (TF-IDF + logistic regression on 40 train rows) split=test n=16" in printed
+
+
+# --------------------------------------------------------------------------------------------
+# A champion trained on other labels (a label added or removed since): scored, not refused
+
+
+def _classifier(folder, labels: list[str]) -> str:
+    """A randomly initialised 2-layer LLaMA classifier whose head knows ``labels``, saved as a folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = tiny_model.build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, num_labels=len(labels),
+        id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)},
+    )  # fmt: skip
+    LlamaForSequenceClassification(config).save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    return str(folder)
+
+
+def test_the_result_records_the_labels_the_model_was_trained_on(test_result):
+    assert set(test_result.model_labels) == set(tiny_model.LABELS)
+
+
+def test_a_classifier_of_other_labels_is_refused_unless_allowed_as_the_champion(root, tmp_path):
+    from sparktune.evaluation import EvaluationInputError, evaluate_model
+
+    other = _classifier(tmp_path / "other", ["cancel", "upgrade"])
+    with pytest.raises(EvaluationInputError, match="trained on other labels"):
+        evaluate_model(other, str(root / "data"), max_examples=8)
+    result = evaluate_model(other, str(root / "data"), max_examples=8, allow_other_labels=True)
+    assert result.model_labels == ["cancel", "upgrade"] and result.labels == list(tiny_model.LABELS)
+    assert result.eval_accuracy == 0.0 and math.isnan(result.eval_loss) and "eval_loss" not in result.ci
+
+
+def test_cli_scores_a_champion_of_another_label_set_and_pairs_the_shared_label_rows(root, full_run, tmp_path):
+    from sparktune.comparison import compare_result_files, label_change
+    from sparktune.evaluation import EvalResult, main
+
+    # The champion knew billing and login, and "account", since dropped; shipping and refund are new.
+    champion = _classifier(tmp_path / "champion", ["account", "billing", "login"])
+    args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "16"]
+    args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
+    args += ["--bootstrap-resamples", "0", "--champion-model-uri", champion]
+    args += ["--champion-output", str(tmp_path / "champion.json")]
+    assert main(args) == 0
+    results = [
+        EvalResult.from_dict(json.loads((tmp_path / f"{m}.json").read_text()))
+        for m in ("challenger", "champion")
+    ]
+    change = label_change(*results)
+    assert (change.added, change.removed) == (["refund", "shipping"], ["account"])
+    assert (
+        change.n_rows == 16 and change.n_shared_rows == 8
+    )  # the labels take turns: half are billing or login
+    assert compare_result_files(tmp_path / "challenger.json", tmp_path / "champion.json").n_examples == 8

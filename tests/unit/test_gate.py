@@ -4,7 +4,12 @@ import pytest
 from sparktune.gate import decide, gate_rules
 from sparktune.params import parse_params
 
-RULES = gate_rules(parse_params({"min_accuracy": 0.8, "max_eval_loss": 1.0, "max_regression": 0.02}))
+# The per-class rule is off in the tests of other rules: their challengers carry no recalls.
+RULES = gate_rules(
+    parse_params(
+        {"min_accuracy": 0.8, "max_eval_loss": 1.0, "max_regression": 0.02, "max_class_regression": 1.0}
+    )
+)
 
 
 def test_good_challenger_without_champion_passes():
@@ -75,7 +80,15 @@ def _challenger(accuracy: float, low: float, high: float, **more: float) -> dict
 
 def _rules(**params: float):
     return gate_rules(
-        parse_params({"min_accuracy": 0.7, "max_eval_loss": 1.0, "max_regression": 0.02, **params})
+        parse_params(
+            {
+                "min_accuracy": 0.7,
+                "max_eval_loss": 1.0,
+                "max_regression": 0.02,
+                "max_class_regression": 1.0,
+                **params,
+            }
+        )
     )
 
 
@@ -181,10 +194,12 @@ def _recalls(**recall: float) -> dict[str, float]:
     return {f"eval_recall_{label}": value for label, value in recall.items()}
 
 
-def test_max_class_regression_is_off_by_default_and_a_param_turns_it_on():
-    assert "max_class_regression" not in [r.name for r in gate_rules(parse_params({}))]
-    assert parse_params({}).max_class_regression == 1.0
-    assert [r.name for r in _rules(max_class_regression=0.1)][-1] == "max_class_regression"
+def test_max_class_regression_is_on_by_default_and_one_turns_it_off():
+    assert "max_class_regression" in [r.name for r in gate_rules(parse_params({}))]
+    assert parse_params({}).max_class_regression == 0.25
+    assert "max_class_regression" not in [r.name for r in _rules()]
+    names = [r.name for r in _rules(max_class_regression=0.1)]
+    assert names[names.index("max_regression") + 1] == "max_class_regression"
     with pytest.raises(ValueError, match="max_class_regression"):
         parse_params({"max_class_regression": 1.5})
 
@@ -216,7 +231,9 @@ def test_max_class_regression_without_a_champion_or_without_recalls():
     rules = _rules(max_class_regression=0.1)
     first = decide(rules, _challenger(0.9, 0.86, 0.94, **_recalls(a=0.5)), None, "enabled")
     assert first.promote and first.reasons[3] == "max_class_regression: pass, no champion to compare against"
-    missing = decide(rules, _challenger(0.9, 0.86, 0.94), None, "enabled")
+    # Without recalls the rule cannot hold the challenger to the champion's: it fails, not passes.
+    champion = {"eval_accuracy": 0.9, **_recalls(a=0.5)}
+    missing = decide(rules, _challenger(0.9, 0.86, 0.94), champion, "enabled")
     assert missing.failed_rules == ["max_class_regression"]
     assert "no per-class recall (eval_recall_*) metrics" in missing.reasons[3]
     better = decide(rules, _challenger(0.9, 0.86, 0.94, **_recalls(a=0.9)), _recalls(a=0.8), "enabled")
@@ -243,3 +260,186 @@ def test_a_blocked_gate_gives_the_failed_reasons_and_a_last_line_naming_the_vers
         )
     passed = decide(_rules(), _challenger(0.9, 0.85, 0.95), None, "enabled")
     assert blocked_promotion_lines(passed.to_summary()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# The baseline: the challenger against TF-IDF + logistic regression on the same rows
+
+
+def _baseline(
+    accuracy: float = 0.928,
+    ci: tuple[float, float] | None = (0.896, 0.957),
+    diff: float = -0.21,
+    diff_ci: tuple[float, float] | None = (-0.26, -0.16),
+) -> dict[str, float]:
+    """What EvaluateModelOperator returns under "baseline" (sparktune.baseline.baseline_metrics)."""
+    out = {
+        "baseline_accuracy": accuracy,
+        "baseline_macro_f1": accuracy - 0.01,
+        "vs_baseline_accuracy_diff": diff,
+    }
+    if ci:
+        out |= {"baseline_accuracy_ci_low": ci[0], "baseline_accuracy_ci_high": ci[1]}
+    if diff_ci:
+        out |= {"vs_baseline_accuracy_ci_low": diff_ci[0], "vs_baseline_accuracy_ci_high": diff_ci[1]}
+    return out
+
+
+def _reason(decision, rule: str) -> str:
+    [reason] = [r for r in decision.reasons if r.startswith(f"{rule}: ")]
+    return reason
+
+
+def test_min_margin_over_baseline_is_on_by_default_and_off_at_minus_one():
+    assert parse_params({}).min_margin_over_baseline == -0.05
+    assert "min_margin_over_baseline" in [r.name for r in gate_rules(parse_params({}))]
+    off = gate_rules(parse_params({"min_margin_over_baseline": -1}))
+    assert "min_margin_over_baseline" not in [r.name for r in off]
+    # Off, a challenger the baseline beats by 21 points is not held back by it.
+    decision = decide(off, _challenger(0.72, 0.7, 0.75), None, "enabled", baseline=_baseline())
+    assert decision.promote and not any("baseline" in r for r in decision.reasons)
+
+
+def test_min_margin_over_baseline_reads_the_paired_intervals_lower_bound():
+    failed = decide(_rules(), _challenger(0.718, 0.7, 0.75), None, "enabled", baseline=_baseline())
+    assert failed.failed_rules == ["min_margin_over_baseline"] and not failed.promote
+    assert _reason(failed, "min_margin_over_baseline") == (
+        "min_margin_over_baseline: FAIL, accuracy vs baseline (TF-IDF + logistic regression, 0.928 "
+        "[95% CI 0.896, 0.957]): -0.210 [95% CI -0.260, -0.160]: lower bound -0.260 < -0.050"
+    )
+    # Trailing the baseline by 2 points, within the allowed 5 even at the interval's lower bound.
+    close = _baseline(diff=-0.02, diff_ci=(-0.045, 0.004))
+    passed = decide(_rules(), _challenger(0.9, 0.87, 0.93), None, "enabled", baseline=close)
+    assert passed.promote
+    assert _reason(passed, "min_margin_over_baseline").endswith(
+        "): -0.020 [95% CI -0.045, +0.004]: lower bound -0.045 >= -0.050"
+    )
+    # A positive margin: the challenger must be shown to beat the baseline.
+    ahead = decide(
+        _rules(min_margin_over_baseline=0.01), _challenger(0.9, 0.87, 0.93), None, "enabled", baseline=close
+    )
+    assert ahead.failed_rules == ["min_margin_over_baseline"]
+    assert "lower bound -0.045 < +0.010" in _reason(ahead, "min_margin_over_baseline")
+
+
+def test_min_margin_over_baseline_without_baseline_numbers_passes_and_says_why():
+    decision = decide(_rules(), _challenger(0.9, 0.87, 0.93), None, "enabled")
+    assert decision.promote
+    assert _reason(decision, "min_margin_over_baseline") == (
+        "min_margin_over_baseline: pass, the evaluation has no baseline numbers "
+        "(vs_baseline_accuracy_diff): nothing to compare the challenger with"
+    )
+    # No interval (evaluated with bootstrap_resamples=0): the point estimate decides, and says so.
+    point = decide(
+        _rules(), _challenger(0.9, 0.87, 0.93), None, "enabled",
+        baseline=_baseline(ci=None, diff=-0.06, diff_ci=None),
+    )  # fmt: skip
+    assert point.failed_rules == ["min_margin_over_baseline"]
+    assert _reason(point, "min_margin_over_baseline") == (
+        "min_margin_over_baseline: FAIL, accuracy vs baseline (TF-IDF + logistic regression, 0.928): "
+        "-0.060 < -0.050 (point estimate: the evaluation has no confidence interval)"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Label sets: a challenger trained on other labels than the champion
+
+
+def _change(added=("refund_request",), removed=("billing",), n_rows=300, n_shared_rows=200):
+    from sparktune.comparison import LabelChange
+
+    return LabelChange(list(added), list(removed), n_rows, n_shared_rows)
+
+
+def test_a_changed_label_set_fails_unless_allowed_and_names_the_labels():
+    champion = {"eval_accuracy": 0.85}
+    decision = decide(
+        _rules(), _challenger(0.9, 0.86, 0.94), champion, "enabled",
+        comparison=_comparison(0.01, -0.01, 0.03), champion_version="3", label_change=_change(),
+    )  # fmt: skip
+    assert decision.failed_rules == ["label_set_unchanged"] and not decision.promote
+    assert _reason(decision, "label_set_unchanged") == (
+        "label_set_unchanged: FAIL, the challenger's labels differ from champion v3's: added "
+        "['refund_request'], removed ['billing']; set allow_label_change=true to promote a new label "
+        "set under this model name"
+    )
+    allowed = decide(
+        _rules(allow_label_change=True), _challenger(0.9, 0.86, 0.94), champion, "enabled",
+        comparison=_comparison(0.01, -0.01, 0.03), champion_version="3", label_change=_change(),
+    )  # fmt: skip
+    assert allowed.promote and allowed.failed_rules == []
+    assert _reason(allowed, "label_set_unchanged") == (
+        "label_set_unchanged: pass, the challenger's labels differ from champion v3's: added "
+        "['refund_request'], removed ['billing']; the change was allowed (allow_label_change=true); the "
+        "champion rules compare the two on the 200 of 300 test rows whose label both know"
+    )
+    # dry_run records the failure and promotes.
+    dry = decide(
+        _rules(), _challenger(0.9, 0.86, 0.94), champion, "dry_run", label_change=_change(removed=())
+    )
+    assert dry.promote and dry.failed_rules == ["label_set_unchanged"]
+    assert "added ['refund_request']; set allow_label_change" in _reason(dry, "label_set_unchanged")
+
+
+def test_the_label_rule_passes_an_unchanged_set_no_champion_and_missing_evidence():
+    same = decide(
+        _rules(), _challenger(0.9, 0.86, 0.94), {"eval_accuracy": 0.85}, "enabled",
+        champion_version="3", label_change=_change(added=(), removed=(), n_shared_rows=300),
+    )  # fmt: skip
+    assert same.promote
+    assert (
+        _reason(same, "label_set_unchanged")
+        == "label_set_unchanged: pass, the challenger's labels are champion v3's"
+    )
+    assert "shared-label" not in _reason(same, "max_regression")
+    first = decide(_rules(), _challenger(0.9, 0.86, 0.94), None, "enabled", label_change=_change())
+    assert first.promote
+    assert (
+        _reason(first, "label_set_unchanged") == "label_set_unchanged: pass, no champion to compare against"
+    )
+    unknown = decide(_rules(), _challenger(0.9, 0.86, 0.94), {"eval_accuracy": 0.85}, "enabled")
+    assert unknown.promote
+    assert _reason(unknown, "label_set_unchanged") == (
+        "label_set_unchanged: pass, the evaluation did not report the two models' label sets"
+    )
+
+
+def test_after_a_label_change_the_champion_rules_say_they_compare_shared_label_rows():
+    champion = {"eval_accuracy": 0.6, **_recalls(billing=0.9, login=0.9, refund_request=0.0)}
+    challenger = _challenger(0.9, 0.86, 0.94, **_recalls(login=0.85, refund_request=0.8, shipping=0.9))
+    decision = decide(
+        _rules(max_class_regression=0.1, allow_label_change=True), challenger, champion, "enabled",
+        comparison=_comparison(-0.005, -0.015, 0.006), champion_version="3",
+        label_change=_change(added=("refund_request", "shipping")),
+    )  # fmt: skip
+    assert decision.promote
+    assert _reason(decision, "max_regression") == (
+        "max_regression: pass, accuracy vs champion v3 on 200 shared-label rows: -0.005 "
+        "[95% CI -0.015, +0.006], allowed drop 0.020"
+    )
+    # Only login is a label both know: refund_request's recall (0 for a champion that never learned
+    # it) and billing's (a label the challenger dropped) are not compared.
+    assert _reason(decision, "max_class_regression") == (
+        "max_class_regression: pass, recall vs champion v3 on 200 shared-label rows fell most for "
+        "login 0.900 -> 0.850 (-0.050); allowed drop 0.100"
+    )
+    assert decision.reasons[-1].startswith("macro_f1 (information, no rule): macro_f1 vs champion v3 on 200 ")
+
+
+def test_after_a_label_change_without_shared_rows_the_champions_numbers_are_not_compared():
+    # The champion's accuracy over every row includes rows of labels it never learned: no reference.
+    # The split's labels are the challenger's: the champion's recall of the new one is 0, not a drop.
+    champion = {"eval_accuracy": 0.95, **_recalls(refund_request=0.0)}
+    challenger = _challenger(0.9, 0.86, 0.94, **_recalls(refund_request=0.9))
+    decision = decide(
+        _rules(allow_label_change=True, max_class_regression=0.1), challenger, champion, "enabled",
+        champion_version="3", label_change=_change(removed=(), n_shared_rows=0),
+    )  # fmt: skip
+    assert decision.promote
+    assert _reason(decision, "max_regression") == (
+        "max_regression: pass, nothing to compare: no paired comparison on the rows whose label both "
+        "the challenger and champion v3 know (0 of 300 test rows)"
+    )
+    assert _reason(decision, "max_class_regression") == (
+        "max_class_regression: pass, no label both models know has a recall to compare"
+    )
