@@ -82,12 +82,15 @@ def _values(
 # The built-in model, measured on 4,000 demo rows (2,596 train), 2 epochs at an effective batch of
 # 32: LoRA on q_proj,v_proj alone leaves the label loss near 9.5 (accuracy near chance, 0.1);
 # adding a trainable lm_head reaches 0.79 test accuracy; adapters on every linear layer plus
-# lm_head at lr 2e-3 reach 1.00. Micro-batches of 16 (same effective batch): a CPU wastes less
-# time on them. Full fine-tuning: 3e-3 reaches 0.96 in the unit tests (tests/unit/tiny_model.py).
+# lm_head at lr 2e-3 reach 1.00. On the helpdesk export of make bench-quality (12 imbalanced
+# categories, longer texts) 2 epochs left the three smallest categories near F1 0 and the model
+# 0.10 behind the TF-IDF baseline; 3 epochs 0.03 behind, 5 epochs 0.01: 3 it is. Micro-batches
+# of 16 (same effective batch): a CPU wastes less time on them. Full fine-tuning: 3e-3 reaches
+# 0.96 in the unit tests (tests/unit/tiny_model.py).
 _BUILT_HERE_CAUSAL = Recipe(
     "built-in-causal-lm",
     "a small model built here from scratch: its head must learn the label words, so lm_head trains too",
-    _values("all-linear", "lm_head", 2e-3, 2.0, 16, 2),
+    _values("all-linear", "lm_head", 2e-3, 3.0, 16, 2),
 )
 # A classification head on the built-in model: the head is new, so peft trains it in full by
 # itself (modules_to_save is for the causal head). lr 5e-3 is what tests/unit/test_classification.py

@@ -1,17 +1,20 @@
 """llm_finetune's failure paths, each a whole DAG run through `airflow dags test` on embedded defaults.
 
-The tests run in file order on one home: the bad-data run comes last and takes the data the
-bad-model runs prepared (a quality report under other rules: validated again, on Spark).
+The tests run in file order on one home: the README's `make run` example on a helpdesk export
+makes the first champion, the bad-model runs (on the 500-row demo source, another label set) are
+judged against it, and the bad-data run comes last and takes the data the bad-model runs prepared
+(a quality report under other rules: validated again, on Spark).
 
-A home of its own with a 500-row source and no champion, so that these runs go beside the happy
-path's chain (tests/e2e/test_llm_finetune_dag.py) in a parallel test run: what they prove does not
-depend on the data's size or on an earlier model. Refusals that a single operator makes
+A home of its own, so that these runs go beside the happy path's chain
+(tests/e2e/test_llm_finetune_dag.py) in a parallel test run. Refusals that a single operator makes
 (invalid params, a missing column) are checked at operator level (tests/operators), with the DAG's
 task order checked in tests/dags.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,17 +59,44 @@ def test_out_of_range_param_is_refused_before_the_run_starts(home):
     assert "lora_r" in result.stdout + result.stderr
 
 
+def test_the_readme_example_trains_a_model_as_good_as_the_baseline_and_promotes_it(home):
+    """The README's `make run` example on a user's kind of export: columns body and category, a BOM,
+    CRLF line ends, quoted newlines, 12 imbalanced categories, duplicates and near-duplicates. The
+    conf sets no training param: the recipe comes from the built-in base model."""
+    tickets = home / "data" / "tickets.csv"
+    subprocess.run([sys.executable, "-m", "sparktune.demo_data", "--tickets-csv", str(tickets)], check=True)
+    conf = {"source_uri": str(tickets), "text_column": "body", "label_column": "category"}
+    result = run_dag(home, "llm_finetune", conf)
+    assert result.returncode == 0, output_tail(result)
+    client = _client(home)
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    run = client.get_run(champion.run_id)
+    assert run.data.params["recipe"] == "built-in-causal-lm"
+    metrics = run.data.metrics
+    assert metrics["eval_accuracy"] >= metrics["baseline_accuracy"] - 0.05, metrics
+    assert "min_margin_over_baseline: pass" in run.data.tags["sparktune.gate.reasons"]
+    assert len(json.loads(champion.tags["labels"])) == 12
+
+
 def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
     from sparktune.registry import audit_log
 
     client = _client(home)
+    first_champion = client.get_model_version_by_alias(MODEL, "champion")
     # learning_rate 0: the model learns nothing and stays near chance on the labels.
     untrained = {"learning_rate": 0.0, "max_steps": 1}
     blocked = run_dag(home, "llm_finetune", untrained)
     # The Airflow run ends cleanly with promotion skipped; the runner (make run) exits 3 and says so last.
     assert blocked.returncode == 3, output_tail(blocked)
     assert "DagRun failed" not in blocked.stdout + blocked.stderr
-    [version] = _versions(home)
+    version = max(_versions(home), key=lambda v: int(v.version))
+    # The demo source's intents are not the helpdesk champion's categories: blocked, naming them.
+    assert re.search(
+        r"label_set_unchanged: FAIL, the challenger's labels differ from champion v1's: "
+        r"added \[.*'billing_refund'.*\], removed \[.*\]; set allow_label_change=true",
+        blocked.stderr,
+    ), output_tail(blocked)
+    assert client.get_model_version_by_alias(MODEL, "champion").version == first_champion.version
     last_line = blocked.stderr.strip().splitlines()[-1]
     assert last_line.startswith(f"gate blocked promotion of {MODEL} v{version.version}: min_accuracy"), (
         last_line

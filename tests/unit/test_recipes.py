@@ -81,7 +81,7 @@ def test_the_built_in_recipe_is_the_one_measured_on_the_demo_data(tmp_path):
         params.per_device_train_batch_size,
         params.gradient_accumulation_steps,
     ) == (
-        2.0,
+        3.0,
         16,
         2,
     )
@@ -95,11 +95,11 @@ def test_a_value_the_run_sets_always_wins(tmp_path):
     assert resolved.params.learning_rate == 0.0
     assert resolved.params.lora_modules_to_save == ""
     assert resolved.params.lora_target_modules == "q_proj,v_proj"
-    assert resolved.params.num_train_epochs == 2.0  # unset: from the recipe
+    assert resolved.params.num_train_epochs == 3.0  # unset: from the recipe
     assert resolved.set_by_user == raw
     lines = format_recipe(resolved.summary())
     assert lines[0].startswith("Training recipe:   built-in-causal-lm")
-    assert "num_train_epochs=2" in lines[1] and "learning_rate=0" in lines[2]
+    assert "num_train_epochs=3" in lines[1] and "learning_rate=0" in lines[2]
 
 
 def test_the_built_in_base_model_is_recognised_by_its_build_record(tmp_path):
