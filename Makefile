@@ -198,6 +198,6 @@ bench-serve: venv
 # The pipeline's prepare, materialize, train and evaluate (not the DAG) on the demo data and on a generated helpdesk
 # CSV export of another shape, with the DAG's default params: the fine-tuned model's accuracy and macro F1 beside the
 # TF-IDF + logistic regression baseline's; writes $(SPARKTUNE_HOME)/bench/quality.json (about 1 minute).
-# BENCH_QUALITY_DEMO_ROWS (default 3000) and BENCH_QUALITY_HELPDESK_ROWS (default 2500) pass through.
+# BENCH_QUALITY_DEMO_ROWS (default 3000), BENCH_QUALITY_HELPDESK_ROWS (default 2500) and BENCH_QUALITY_TASK pass through.
 bench-quality: venv
 	$(PY) benchmarks/bench_quality.py

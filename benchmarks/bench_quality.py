@@ -327,6 +327,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--datasets", default=",".join(DATASETS), help="comma-separated subset of " + ",".join(DATASETS)
     )
     parser.add_argument(
+        "--task",
+        choices=("causal_lm", "sequence_classification"),
+        default=os.environ.get("BENCH_QUALITY_TASK") or "causal_lm",
+        help="the task param the model trains with (default: BENCH_QUALITY_TASK or causal_lm)",
+    )
+    parser.add_argument(
         "--demo-rows",
         type=int,
         default=int(os.environ.get("BENCH_QUALITY_DEMO_ROWS") or DEFAULT_DEMO_ROWS),
@@ -373,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     params_of: dict[str, dict[str, Any]] = {}
     for name in args.datasets:
         path, mapping, description = write_source(name, work / "data", rows_of[name])
-        params_of[name] = run_params(mapping)
+        params_of[name] = run_params({**mapping, "task": args.task})
         datasets.append(
             {"dataset": name, "description": description, "source": str(path), "column_mapping": mapping}
         )
@@ -480,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "conditions": {
             "params": "the DAG's defaults (sparktune.params.default_params) + the column mapping",
             "base_model": "tiny-llama",
+            "task": args.task,
             "spark": "local[2], in process (run_prepare), no quality gate",
             "baseline": "TF-IDF (word 1-2 grams) + logistic regression on the train split",
             "train_seconds": "fine_tuned: the trainer's optimizer steps; baseline: fit (+ test predict)",
