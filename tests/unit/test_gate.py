@@ -443,3 +443,23 @@ def test_after_a_label_change_without_shared_rows_the_champions_numbers_are_not_
     assert _reason(decision, "max_class_regression") == (
         "max_class_regression: pass, no label both models know has a recall to compare"
     )
+
+
+def test_every_default_threshold_blocks_what_a_user_would_not_serve():
+    """The defaults, not test-chosen thresholds: each rule's default turns down its own kind of bad model."""
+    rules = gate_rules(parse_params({}))
+    good = _challenger(0.95, 0.92, 0.97, eval_loss=0.05, **_recalls(a=0.95, b=0.95))
+    champion = {"eval_accuracy": 0.95, **_recalls(a=0.95, b=0.95)}
+    assert decide(rules, good, champion, "enabled", comparison=_comparison(0.0, -0.01, 0.01)).promote
+
+    # An untrained model's label loss (8.75, perplexity 6,300) passed the old default of 10.
+    unsure = {**good, "eval_loss": 8.75}
+    assert "max_eval_loss" in decide(rules, unsure, None, "enabled").failed_rules
+    # A wrong answer on 4 texts in 10, however lucky the split.
+    assert "min_accuracy" in decide(rules, _challenger(0.62, 0.55, 0.69), None, "enabled").failed_rules
+    # Worse than the champion: a drop the paired interval cannot rule out.
+    worse = decide(rules, good, champion, "enabled", comparison=_comparison(-0.04, -0.06, -0.02))
+    assert "max_regression" in worse.failed_rules
+    # A better average that lost a class.
+    lost = {**good, **_recalls(a=1.0, b=0.6)}
+    assert "max_class_regression" in decide(rules, lost, champion, "enabled").failed_rules
