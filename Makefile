@@ -25,6 +25,7 @@ help:
 	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs and fault tests (-m 'not e2e and not slow')"
 	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
+	@echo "make lint            ruff (style, private names) and lint-imports (the import contracts in pyproject.toml)"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
 	@echo "make bench           every bench below at small sizes, one after another (~11 min); fails if any target is missed"
 	@echo "make bench-dag-parse what each DAG file adds over import airflow.sdk, fresh interpreters (target 0.3 s)"
@@ -156,8 +157,13 @@ bench-dag-parse: venv
 bench-prepare: venv
 	$(PY) benchmarks/bench_prepare.py
 
+# ruff: style, and no module importing another's private names (PLC2701); lint-imports: the import
+# contracts in pyproject.toml ([tool.importlinter]: the domain never imports Airflow, no cycles,
+# sparktune_airflow over sparktune). Any violation fails the target.
 lint: venv
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 format: venv
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .

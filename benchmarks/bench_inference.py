@@ -61,11 +61,14 @@ PROJECT_BATCH_SIZE = 32
 MODEL_NAME = "bench-intent"
 
 
-def _home() -> Path:
+def sparktune_home() -> Path:
+    """``SPARKTUNE_HOME``, default ``.local`` in the repository: where the benches write."""
     return Path(os.environ.get("SPARKTUNE_HOME", ROOT / ".local"))
 
 
-def _model(work: Path) -> tuple[Any, str]:
+def bench_champion(work: Path) -> tuple[Any, str]:
+    """The tiny champion registered as ``MODEL_NAME`` under ``work``, resolved as batch inference
+    resolves it, and the tiny model module that built it (its ``make_rows`` and ``LABELS``)."""
     from sparktune.inference import resolve_model
 
     uri, _, tiny_model = tiny_champion(work, MODEL_NAME)
@@ -165,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from sparktune.inference import score_dataframe
 
-    out_dir = _home() / "bench"
-    ref, tiny_model = _model(out_dir / "inference")
+    out_dir = sparktune_home() / "bench"
+    ref, tiny_model = bench_champion(out_dir / "inference")
     rows = tiny_model.make_rows(args.rows, 21)
     spark = (
         SparkSession.builder.master(args.master)

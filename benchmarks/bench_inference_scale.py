@@ -53,7 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import finish, not_checked, target  # noqa: E402
-from bench_inference import MODEL_NAME, _home, _model  # noqa: E402
+from bench_inference import MODEL_NAME, bench_champion, sparktune_home  # noqa: E402
 from bench_prepare import (  # noqa: E402
     TreeSampler,
     fmt_int,
@@ -407,10 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.generate:
         return generate_main(args.generate, args.out)
 
-    bench_dir = _home() / "bench"
+    home = sparktune_home()
+    bench_dir = home / "bench"
     work = bench_dir / "inference_scale"
-    print(f"SPARKTUNE_HOME={_home()}; sizes {', '.join(f'{n:,}' for n in args.rows)} on {args.master}")
-    ref, tiny_model = _model(work)
+    print(f"SPARKTUNE_HOME={home}; sizes {', '.join(f'{n:,}' for n in args.rows)} on {args.master}")
+    ref, tiny_model = bench_champion(work)
     uri = tiny_model.tracking_uri(work)
     print(f"model {ref.name}@{ref.alias} v{ref.version}; batch size {args.batch_size}", flush=True)
     runs: list[dict[str, Any]] = []

@@ -159,9 +159,8 @@ def _fingerprint(folder: Path) -> str:
 
 def _check_loads(folder: Path) -> None:
     """Load the saved model the way later stages will, so a broken build never lands."""
-    from transformers import AutoModelForCausalLM
-
     from sparktune.model_safety import load_model, load_tokenizer
+    from transformers import AutoModelForCausalLM
 
     load_model(AutoModelForCausalLM, folder, trust_remote_code=False)
     tokenizer = load_tokenizer(folder, trust_remote_code=False)
@@ -300,7 +299,6 @@ def read_build_record(model_dir: Path) -> dict:
 
 def _build_builtin(target: Path) -> None:
     from filelock import FileLock
-
     from sparktune.demo_data import demo_corpus
 
     target.parent.mkdir(parents=True, exist_ok=True)

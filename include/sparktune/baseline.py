@@ -3,7 +3,7 @@
 Trained on the run's own train split and scored on its test split, the same rows the fine-tuned
 model is scored on, so the two pair up row by row (:func:`sparktune.comparison.paired_comparison`):
 a fine-tuned model that loses to a classifier that trains in a second is not worth serving, however
-its own numbers look. Its result is an :class:`~sparktune.evaluation.EvalResult` without a loss
+its own numbers look. Its result is an :class:`~sparktune.metrics.EvalResult` without a loss
 (a linear model has no completion loss to compare).
 """
 
@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sparktune.evaluation import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, EvalResult, label_result
+from sparktune.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, EvalResult, label_result
 
 if TYPE_CHECKING:
     from sparktune.comparison import PairedComparison

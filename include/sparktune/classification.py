@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparktune.params import PipelineParams
-from sparktune.training import (
+from sparktune.training_setup import (
     TokenCountingMixin,
     TrainingInputError,
-    _load_model,
-    _lora_config,
+    load_base_model,
+    lora_config_from_params,
     trainer_arguments,
 )
 
@@ -68,9 +68,9 @@ def label_names(train_ds: Any, val_ds: Any, dataset_path: str, streaming: bool) 
     if isinstance(feature, ClassLabel):
         names = list(feature.names)
     elif streaming:
-        from sparktune.materialize import _distinct_labels_in_files, parquet_files
+        from sparktune.materialize import distinct_labels_in_files, parquet_files
 
-        names = _distinct_labels_in_files(parquet_files(dataset_path), "label", None)
+        names = distinct_labels_in_files(parquet_files(dataset_path), "label", None)
     else:
         values = list(train_ds["label"]) + list(val_ds["label"])
         if not all(isinstance(v, str) for v in values):
@@ -95,7 +95,8 @@ def head_config(labels: Sequence[str]) -> dict[str, Any]:
 
 
 def model_kwargs(labels: Sequence[str]) -> dict[str, Any]:
-    """``auto_class`` and head arguments for :func:`sparktune.training._load_model` and ``_merge``."""
+    """``auto_class`` and head arguments for :func:`sparktune.training_setup.load_base_model` and
+    ``sparktune.training._merge``."""
     from transformers import AutoModelForSequenceClassification
 
     return {"auto_class": AutoModelForSequenceClassification, **head_config(labels)}
@@ -110,7 +111,7 @@ def load_classifier(
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """The base model with a fresh classification head of ``len(labels)`` outputs (seeded by the caller)."""
-    return _load_model(
+    return load_base_model(
         base_model, tokenizer, peft_method, trust_remote_code=trust_remote_code, **model_kwargs(labels)
     )
 
@@ -121,7 +122,7 @@ def lora_config(params: PipelineParams, model: Any) -> Any:
     Names in ``lora_modules_to_save`` that the classifier lacks (``lm_head``, the causal head the
     tiny-model recipe trains) are dropped with a warning rather than failing the run.
     """
-    config = _lora_config(params, task_type="SEQ_CLS")
+    config = lora_config_from_params(params, task_type="SEQ_CLS")
     if config.modules_to_save:
         present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [name for name in config.modules_to_save if name not in present]
@@ -196,7 +197,7 @@ def build_trainer(
 
     Dynamic padding (``DataCollatorWithPadding``) and length-grouped batches, as the SFT path; the
     shared arguments (steps, seeds, logging, checkpoints, DeepSpeed, bf16) are
-    :func:`sparktune.training.trainer_arguments`. The validation split is scored for loss and
+    :func:`sparktune.training_setup.trainer_arguments`. The validation split is scored for loss and
     accuracy by ``trainer.evaluate()``.
     """
     from transformers import DataCollatorWithPadding, Trainer, TrainingArguments

@@ -6,7 +6,7 @@ row hard for both, a row easy for both) then cancels out of the difference, and 
 reflects only the rows on which they disagree. That interval, not the two models' separate ones,
 says whether a drop in accuracy is noise.
 
-The resamples are :func:`sparktune.evaluation.bootstrap_cis`'s: percentile bootstrap, fixed seed.
+The resamples are :func:`sparktune.metrics.bootstrap_cis`'s: percentile bootstrap, fixed seed.
 
 When the two models were trained on different label sets (a label added or removed since the
 champion), a row of a label only one of them knows is no contest: the other cannot be right on
@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
-from sparktune.evaluation import (
+from sparktune.metrics import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     CONFIDENCE,

@@ -91,8 +91,6 @@ class Settings:
         the pipeline's own data locations (the lake, the feedback table, ``SPARKTUNE_HOME/data``),
         which it reads and writes itself. Unset or empty: ``()``, every location is allowed
         (see :mod:`sparktune.paths`)."""
-        from sparktune.paths import parse_roots
-
         roots = parse_roots(os.environ.get(ALLOWED_ROOTS_ENV))
         if not roots:
             return ()
@@ -111,6 +109,11 @@ class Settings:
     @property
     def tiny_base_model_dir(self) -> Path:
         return self.models_dir / "base" / TINY_BASE_MODEL
+
+
+def parse_roots(raw: str | None) -> tuple[str, ...]:
+    """``SPARKTUNE_ALLOWED_ROOTS``'s comma-separated prefixes; empty or unset: ``()`` (no restriction)."""
+    return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
 
 
 def settings() -> Settings:

@@ -80,7 +80,6 @@ def write_review_rows(
     ``text`` (strings). The day's partition is overwritten, other days stay. Returns the rows written.
     """
     from pyspark.sql import functions as F
-
     from sparktune.inference import write_dated_partition
 
     texts = source.select("id", "text").dropDuplicates(["id"])
@@ -131,7 +130,6 @@ def record_corrections(
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
     from sparktune.prepare import load_source
 
     raw = load_source(spark, corrections_uri, source_format)
@@ -341,7 +339,6 @@ def merge_feedback(
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
     from sparktune.prepare import content_key
 
     unchanged = MergeResult.unchanged(source_uri, source_format)

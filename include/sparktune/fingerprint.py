@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
     from sparktune.params import PipelineParams
 
 # Bump when the recipe changes meaning without any param changing, so old versions are not reused.

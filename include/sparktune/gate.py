@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sparktune.baseline import BASELINE_NAME, VS_BASELINE_PREFIX
-from sparktune.evaluation import CONFIDENCE, metric_safe
+from sparktune.metrics import CONFIDENCE, metric_safe
 from sparktune.params import PipelineParams
 
 if TYPE_CHECKING:

@@ -126,7 +126,6 @@ def resolve_model(
     import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
     from sparktune.training import using_tracking_uri
 
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
@@ -279,9 +278,9 @@ def _labels_of(tags: dict[str, str], run_params: dict[str, str], model_name: str
         return [str(v) for v in json.loads(tags[LABELS_TAG])]
     dataset_path = run_params.get("dataset_path", "")
     if dataset_path and Path(dataset_path).exists():
-        from sparktune.evaluation import _label_strings, _load_split
+        from sparktune.evaluation import label_strings, load_split
 
-        names, _ = _label_strings(_load_split(dataset_path, "train", None, required=("label",)))
+        names, _ = label_strings(load_split(dataset_path, "train", None, required=("label",)))
         if len(names) >= 2:
             return names
     raise InferenceInputError(

@@ -884,7 +884,7 @@ def write_dataset_dict_from_parquet(
         label_names = (
             _distinct_labels(spark.read.parquet(parquet_uri), label_column)
             if spark is not None
-            else _distinct_labels_in_files(files, label_column, storage_options)
+            else distinct_labels_in_files(files, label_column, storage_options)
         )
     features = datasets.Features.from_arrow_schema(file_schema.remove_metadata())
     if label_column:
@@ -1029,8 +1029,9 @@ def _total_size(files: list[str], storage_options: dict | None) -> int:
     return total
 
 
-def _distinct_labels_in_files(files: list[str], label_column: str, storage_options: dict | None) -> list[str]:
-    """The distinct labels without Spark: the label column only, one batch at a time."""
+def distinct_labels_in_files(files: list[str], label_column: str, storage_options: dict | None) -> list[str]:
+    """The sorted distinct values of ``label_column`` over the Parquet ``files`` (any fsspec URI),
+    read without Spark: the label column only, one batch at a time; nulls left out."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 

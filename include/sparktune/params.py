@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from sparktune.config import DEFAULT_MODEL_NAME, TINY_BASE_MODEL
+from sparktune.paths import source_root_problems
 
 # The value of lora_target_modules and lora_modules_to_save that leaves them to the base model's
 # recipe (sparktune.recipes); the numeric recipe fields are left to it by leaving them empty (null).
@@ -655,9 +656,7 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
         for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type"):
             if not values[name].strip():
                 problems.append(f"{name}: the databricks backend needs it (see its description)")
-    from sparktune.paths import source_root_problems  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
-
-    problems.extend(source_root_problems(values))
+    problems.extend(source_root_problems(values))  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
     return problems
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from sparktune.config import ALLOWED_ROOTS_ENV
+from sparktune.config import ALLOWED_ROOTS_ENV, settings
+from sparktune.source_names import looks_like_table
 
 # Hadoop's Path: a colon before the first slash ends a scheme ("s3:x/y" is not a local file).
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
@@ -133,11 +134,6 @@ def _glob(pattern: str) -> list[str]:
     return glob.glob(pattern, include_hidden=True)[:MAX_BRACE_EXPANSIONS]
 
 
-def parse_roots(raw: str | None) -> tuple[str, ...]:
-    """``SPARKTUNE_ALLOWED_ROOTS``'s comma-separated prefixes; empty or unset: ``()`` (no restriction)."""
-    return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
-
-
 def outside_roots_message(param: str, value: str, roots: Sequence[str], resolved: str | None = None) -> str:
     where = f" (resolves to {resolved})" if resolved and resolved != value.strip() else ""
     return (
@@ -189,13 +185,11 @@ def check_source(param: str, value: str, source_format: str, roots: Sequence[str
     by :func:`check_table_name`) or a path/URI (:func:`check_allowed_uri`). Empty: the demo data."""
     from pathlib import Path
 
-    from sparktune.prepare import _looks_like_table
-
     uri = value.strip()
     if not roots or not uri:
         return
     is_table = source_format == "table" or (
-        "://" not in uri and _looks_like_table(uri) and not Path(uri).expanduser().exists()
+        "://" not in uri and looks_like_table(uri) and not Path(uri).expanduser().exists()
     )
     if is_table:
         check_table_name(param, uri, roots)
@@ -207,8 +201,6 @@ def source_root_problems(values: Mapping[str, Any], roots: Sequence[str] | None 
     """The pipeline params' allowed-roots problems (``source_uri``), for ``parse_params``; ``roots``
     default: the deployment's (:attr:`sparktune.config.Settings.allowed_roots`)."""
     if roots is None:
-        from sparktune.config import settings
-
         roots = settings().allowed_roots
     try:
         check_source(

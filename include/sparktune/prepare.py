@@ -33,11 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 # The prompt a model is trained on and the one it is asked with come from one function.
 from sparktune.label_scoring import fast_backend, format_example  # noqa: F401 (re-exported)
+from sparktune.source_names import (
+    COMPRESSION_SUFFIXES,
+    UNSUPPORTED_EXTENSIONS,
+    format_from_name,
+    looks_like_table,
+    unsupported_extension,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import Column, DataFrame, SparkSession
-
     from sparktune.params import PipelineParams
 
 log = logging.getLogger(__name__)
@@ -56,24 +62,6 @@ MAX_PARTITIONS_PER_SPLIT = 4
 OUTPUT_COLUMNS = ("example_id", "text", "label", "prompt", "completion", "n_tokens", "split")
 QUARANTINE_COLUMNS = ("example_id", "text", "label", "quality", "reject_reason", "reject_detail")
 
-FILE_FORMATS = {".parquet": "parquet", ".csv": "csv", ".jsonl": "json", ".ndjson": "json", ".json": "json"}
-COMPRESSION_SUFFIXES = (".gz", ".bz2", ".zst", ".zstd", ".lz4", ".snappy", ".deflate", ".xz")
-# Formats people hand over that the recipe does not read, with what to do about each.
-UNSUPPORTED_EXTENSIONS = {
-    ".xlsx": "Save the workbook as 'CSV UTF-8' (Excel: File > Save As) and point source_uri at the .csv.",
-    ".xls": "Save the workbook as 'CSV UTF-8' (Excel: File > Save As) and point source_uri at the .csv.",
-    ".ods": "Save the spreadsheet as CSV (UTF-8) and point source_uri at the .csv.",
-    ".txt": "A .txt export with a header row and commas is CSV: set source_format to csv.",
-    ".tsv": "Convert the tab-separated file to CSV, or to Parquet.",
-    ".xml": "Convert the XML to JSON Lines or Parquet.",
-    ".avro": "Convert it to Parquet, or register it as a catalog table and use the table name.",
-    ".orc": "Convert it to Parquet, or register it as a catalog table and use the table name.",
-    ".zip": "Unzip it first (Spark reads .gz/.bz2 files, not .zip archives).",
-    ".pkl": "Write the DataFrame as Parquet (pandas: df.to_parquet).",
-    ".pickle": "Write the DataFrame as Parquet (pandas: df.to_parquet).",
-    ".feather": "Write it as Parquet (pyarrow.parquet.write_table).",
-    ".arrow": "Write it as Parquet (pyarrow.parquet.write_table).",
-}
 # Spark's JSON reader puts lines it cannot parse in this column (PERMISSIVE mode).
 CORRUPT_RECORD = "_corrupt_record"
 # What Java's decoders put in place of bytes that are not valid UTF-8.
@@ -165,38 +153,6 @@ def _col(name: str) -> Column:
     return F.col(_quote(name))
 
 
-def _strip_compression(name: str) -> str:
-    lowered = name.lower().rstrip("/")
-    for suffix in COMPRESSION_SUFFIXES:
-        if lowered.endswith(suffix):
-            return lowered[: -len(suffix)]
-    return lowered
-
-
-def _format_from_name(name: str) -> str | None:
-    lowered = _strip_compression(name)
-    for extension, fmt in FILE_FORMATS.items():
-        if lowered.endswith(extension):
-            return fmt
-    return None
-
-
-def _unsupported_extension(name: str) -> str | None:
-    lowered = _strip_compression(name)
-    return next((ext for ext in UNSUPPORTED_EXTENSIONS if lowered.endswith(ext)), None)
-
-
-def _looks_like_table(source_uri: str) -> bool:
-    return (
-        "/" not in source_uri
-        and "\\" not in source_uri
-        and not any(ch in source_uri for ch in "*?[{")
-        and _format_from_name(source_uri) is None
-        # "report.xlsx" is a file someone meant to read, not a table in database "report".
-        and _unsupported_extension(source_uri) is None
-    )
-
-
 def hadoop_fs(spark: SparkSession, uri: str) -> tuple[Any, Any]:
     """The Hadoop FileSystem and Path for ``uri``: works for file://, hdfs://, s3a://, dbfs:/ alike."""
     path = spark._jvm.org.apache.hadoop.fs.Path(uri)
@@ -246,7 +202,7 @@ def _supported_formats_text() -> str:
 
 
 def _unsupported_format(source_uri: str, found: list[str]) -> UnsupportedFormatError:
-    extensions = sorted({_unsupported_extension(name) or Path(name).suffix.lower() or name for name in found})
+    extensions = sorted({unsupported_extension(name) or Path(name).suffix.lower() or name for name in found})
     hints = [UNSUPPORTED_EXTENSIONS[ext] for ext in extensions if ext in UNSUPPORTED_EXTENSIONS]
     shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     return UnsupportedFormatError(
@@ -270,9 +226,9 @@ def resolve_format(spark: SparkSession, source_uri: str, source_format: str = "a
     """The concrete reader for ``source_uri``: parquet, csv, json or table."""
     if source_format != "auto":
         return source_format
-    if _looks_like_table(source_uri):
+    if looks_like_table(source_uri):
         return "table"
-    by_name = _format_from_name(source_uri)
+    by_name = format_from_name(source_uri)
     if by_name:
         return by_name
     statuses = _glob(spark, source_uri)
@@ -283,7 +239,7 @@ def resolve_format(spark: SparkSession, source_uri: str, source_format: str = "a
         raise _empty_source(
             source_uri, "it holds no data files (an empty folder, or only _SUCCESS/hidden files)"
         )
-    formats = {_format_from_name(name) for name, _ in files}
+    formats = {format_from_name(name) for name, _ in files}
     known = {f for f in formats if f}
     if len(known) == 1:
         return known.pop()
@@ -1276,7 +1232,7 @@ def resolve_source_uri(params: PipelineParams) -> str:
     if params.source_format == "table" or "://" in uri:
         return uri
     # "db.tickets" is a table, "tickets.csv" and "exports/tickets" are files.
-    if "/" in uri or "\\" in uri or not _looks_like_table(uri) or Path(uri).expanduser().exists():
+    if "/" in uri or "\\" in uri or not looks_like_table(uri) or Path(uri).expanduser().exists():
         return str(Path(uri).expanduser().resolve())
     return uri
 

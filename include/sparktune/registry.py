@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
-
 from sparktune.experiments import get_or_create_experiment
 
 CANDIDATE, STAGING, CHAMPION, PREVIOUS_CHAMPION = "candidate", "staging", "champion", "previous_champion"

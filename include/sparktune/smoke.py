@@ -88,10 +88,10 @@ def smoke_test(
     The model folder is downloaded and checked first (:mod:`sparktune.model_safety`): safetensors
     weights only, and no code shipped with the model unless ``trust_remote_code``.
     """
-    from sparktune.evaluation import _label_strings, _load_split, load_label_model
+    from sparktune.evaluation import label_strings, load_label_model, load_split
 
-    dataset = _load_split(dataset_path, split, rows, required=("label", "text"))
-    labels, _ = _label_strings(dataset)
+    dataset = load_split(dataset_path, split, rows, required=("label", "text"))
+    labels, _ = label_strings(dataset)
     inputs = [str(v) for v in dataset["text"]]
     started = time.perf_counter()
     # Downloaded, checked (safetensors only, no unapproved code) and loaded with mlflow.pyfunc.

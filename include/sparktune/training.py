@@ -30,13 +30,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparktune.params import PipelineParams, parse_params
+from sparktune.training_setup import (
+    CHECKPOINTS,
+    TokenCountingMixin,
+    TrainingInputError,
+    deepspeed_config,
+    load_base_model,
+    lora_config_from_params,
+    trainer_arguments,
+)
 
 if TYPE_CHECKING:
     import torch
     from datasets import DatasetDict
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
     from sparktune.recipes import ResolvedRecipe
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # Named explicitly: run as `python -m`, __name__ would be "__main__".
 logger = logging.getLogger("sparktune.training")
@@ -52,9 +60,6 @@ RESULT_ARTIFACT = "train_result.json"
 RESUMED_FROM_TAG = "sparktune.resumed_from_step"
 CODE_VERSION_TAG = "sparktune.code_version"
 CODE_FINGERPRINT_TAG = "sparktune.code_fingerprint"
-CHECKPOINTS = "checkpoints"
-# Checkpoints kept per key: the newest is the one resumed from, one older in case it was half-written.
-CHECKPOINTS_KEPT = 2
 REQUIRED_SPLITS = ("train", "validation")
 REQUIRED_COLUMNS = ("prompt", "completion")
 # The logged model must give the same logits as the one in memory, up to float noise.
@@ -62,10 +67,6 @@ MAX_LOGIT_DIFF = 1e-4
 # Packages the serving side needs for a merged transformers model. Listed explicitly because the
 # flavour's own inference looks for torchvision and fails when it is absent (DESIGN.md).
 SERVING_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
-
-
-class TrainingInputError(ValueError):
-    """The request, the dataset or the base model is not usable; the message says how to fix it."""
 
 
 class ModelVerificationError(RuntimeError):
@@ -409,103 +410,6 @@ def check_hardware(params: PipelineParams) -> None:
         raise TrainingInputError("\n".join(problems))
 
 
-def deepspeed_config(stage: int) -> dict[str, Any] | None:
-    """The DeepSpeed config for a ZeRO stage, "auto" where the trainer fills in its own values."""
-    if stage == 0:
-        return None
-    if stage not in (1, 2, 3):
-        raise TrainingInputError(f"deepspeed_stage must be 0, 1, 2 or 3, got {stage}.")
-    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
-    if stage == 3:
-        # Gather the full 16-bit weights on save, so a checkpoint or the final model loads without DeepSpeed.
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {
-        "zero_optimization": zero,
-        "bf16": {"enabled": "auto"},
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-    }
-
-
-def _load_model(
-    base_model: str,
-    tokenizer: PreTrainedTokenizerBase,
-    peft_method: str = "lora",
-    auto_class: Any = None,
-    *,
-    trust_remote_code: bool = False,
-    **model_kwargs: Any,
-) -> PreTrainedModel:
-    """The base model for training; ``auto_class`` (default AutoModelForCausalLM) and ``model_kwargs``
-    (e.g. ``num_labels``) choose the head. Safetensors weights only; the folder's own code runs
-    only with ``trust_remote_code`` (see :mod:`sparktune.model_safety`)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from sparktune.model_safety import load_model
-
-    auto_class = auto_class or AutoModelForCausalLM
-    if (base_model.startswith(("/", ".", "~")) or Path(base_model).exists()) and not Path(
-        base_model
-    ).expanduser().is_dir():
-        raise TrainingInputError(
-            f"Base model folder {base_model!r} does not exist; build the tiny base model first or pass a "
-            "Hugging Face hub id."
-        )
-    if peft_method == "qlora":
-        from peft import prepare_model_for_kbit_training
-        from transformers import BitsAndBytesConfig
-
-        # The seed recipe's QLoRA: 4-bit NF4 with double quantization, bf16 compute.
-        quantization = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        model = load_model(
-            auto_class,
-            base_model,
-            trust_remote_code=trust_remote_code,
-            quantization_config=quantization,
-            dtype=torch.bfloat16,
-            **model_kwargs,
-        )
-        model = prepare_model_for_kbit_training(model)
-    else:
-        # Weights stay float32; bf16 is autocast by the trainer where the hardware supports it.
-        model = load_model(
-            auto_class, base_model, trust_remote_code=trust_remote_code, dtype=torch.float32, **model_kwargs
-        )
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if getattr(model, "generation_config", None) is not None:  # heads that do not generate have none
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
-
-
-def _split_modules(value: str) -> list[str] | str | None:
-    value = value.strip()
-    if not value:
-        return None
-    if value == "all-linear":
-        return value
-    return [name.strip() for name in value.split(",") if name.strip()]
-
-
-def _lora_config(params: PipelineParams, task_type: str = "CAUSAL_LM") -> Any:
-    from peft import LoraConfig
-
-    return LoraConfig(
-        task_type=task_type,
-        r=params.lora_r,
-        lora_alpha=params.lora_alpha,
-        lora_dropout=params.lora_dropout,
-        target_modules=_split_modules(params.lora_target_modules),
-        modules_to_save=_split_modules(params.lora_modules_to_save),
-    )
-
-
 def check_packing_isolation(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> float:
     """Check that two examples packed in one row do not see each other; return the largest logit gap.
 
@@ -542,12 +446,6 @@ def check_packing_isolation(model: PreTrainedModel, tokenizer: PreTrainedTokeniz
     return gap
 
 
-def _use_bf16() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-
-
 def _count_params(model: torch.nn.Module) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
@@ -556,27 +454,6 @@ def _count_params(model: torch.nn.Module) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------------------------
 # Trainer pieces
-
-
-class TokenCountingMixin:
-    """Counts real and padded tokens of every training batch, for tokens/s and padding efficiency.
-
-    Mixed into a transformers ``Trainer`` subclass (before it in the bases): the SFT trainer and the
-    sequence classification trainer count alike.
-    """
-
-    real_tokens = 0
-    padded_tokens = 0
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        mask = inputs.get("attention_mask")
-        if mask is not None:
-            self.real_tokens += int(mask.sum())
-            self.padded_tokens += int(mask.numel())
-        else:  # padding-free batches carry no padding at all
-            self.real_tokens += int(inputs["input_ids"].numel())
-            self.padded_tokens += int(inputs["input_ids"].numel())
-        return super().training_step(model, inputs, num_items_in_batch)
 
 
 def _make_trainer_classes() -> tuple[type, type]:
@@ -657,73 +534,6 @@ def _make_trainer_classes() -> tuple[type, type]:
     return CountingSFTTrainer, MlflowStepLogger
 
 
-def _expected_steps(params: PipelineParams, n_train: int, world_size: int) -> int:
-    if params.max_steps > 0:
-        return params.max_steps
-    per_step = params.per_device_train_batch_size * params.gradient_accumulation_steps * max(world_size, 1)
-    return max(1, math.ceil(math.ceil(n_train / per_step) * params.num_train_epochs))
-
-
-def trainer_arguments(
-    params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
-) -> dict[str, Any]:
-    """The ``TrainingArguments`` every task shares: steps, batches, seeds, logging, checkpoints, DeepSpeed.
-
-    ``stream_shards`` > 0: the train split is a Parquet stream with that many files.
-    """
-    import torch
-
-    on_gpu = torch.cuda.is_available()
-    # A stream has no length: the step count comes from the footers' row count, and every
-    # optimizer step consumes a batch from each of the world_size processes.
-    max_steps = (
-        params.max_steps
-        if params.max_steps > 0 or not stream_shards
-        else _expected_steps(params, n_train, world_size)
-    )
-    workers = min(2, stream_shards)
-    prefetch = {"dataloader_prefetch_factor": 4} if workers else {}
-    return dict(
-        output_dir=str(output_dir / CHECKPOINTS),
-        learning_rate=params.learning_rate,
-        num_train_epochs=params.num_train_epochs,
-        max_steps=max_steps,
-        per_device_train_batch_size=params.per_device_train_batch_size,
-        per_device_eval_batch_size=max(params.per_device_train_batch_size, 8),
-        gradient_accumulation_steps=params.gradient_accumulation_steps,
-        # transformers 5 reads a warmup_steps below 1 as a ratio of the total steps.
-        warmup_steps=params.warmup_ratio,
-        seed=params.seed,
-        data_seed=params.seed,
-        bf16=_use_bf16(),
-        fp16=False,
-        # Without a GPU, accelerate only sets up DDP (gloo) over the torch.distributed environment
-        # TorchDistributor provides when told to run on the CPU; otherwise each rank trains alone.
-        use_cpu=not on_gpu,
-        # Recomputing activations saves GPU memory but only costs time on a small CPU model.
-        activation_checkpointing=on_gpu,
-        logging_strategy="steps",
-        logging_first_step=True,
-        # About 100 points on the loss curve whatever the run length.
-        logging_steps=max(1, _expected_steps(params, n_train, world_size) // 100),
-        eval_strategy="no",
-        # Checkpoints (weights or adapter, optimizer, scheduler, RNG states, data position) are what
-        # a retry resumes from.
-        save_strategy="steps",
-        save_steps=params.checkpoint_steps,
-        save_total_limit=CHECKPOINTS_KEPT,
-        save_only_model=False,
-        deepspeed=deepspeed_config(params.deepspeed_stage),
-        # gloo on CPU, nccl on GPUs: the accelerate default for the device.
-        ddp_find_unused_parameters=False,
-        report_to=[],
-        disable_tqdm=True,
-        dataloader_num_workers=workers,
-        dataloader_pin_memory=on_gpu,
-        **prefetch,
-    )
-
-
 def _sft_config(
     params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
 ) -> Any:
@@ -802,7 +612,6 @@ def verify_logged_model(
     first as every later load checks it (safetensors weights, no unapproved code).
     """
     import mlflow
-
     from sparktune.model_safety import check_model_tree, local_model_dir
 
     local = local_model_dir(model_uri)
@@ -1016,7 +825,7 @@ def _train_in_run(
             request.base_model, tokenizer, params.peft_method, labels, trust_remote_code=trust
         )
     else:
-        model = _load_model(request.base_model, tokenizer, params.peft_method, trust_remote_code=trust)
+        model = load_base_model(request.base_model, tokenizer, params.peft_method, trust_remote_code=trust)
         if params.packing:
             check_packing_isolation(model, tokenizer)
 
@@ -1044,7 +853,7 @@ def _train_in_run(
             train_dataset=train_ds,
             eval_dataset=val_ds,
             processing_class=tokenizer,
-            peft_config=_lora_config(params) if params.peft_method in ("lora", "qlora") else None,
+            peft_config=lora_config_from_params(params) if params.peft_method in ("lora", "qlora") else None,
             callbacks=[step_logger],
         )
     if streaming:
@@ -1237,7 +1046,6 @@ def label_model_kwargs(artifacts: dict[str, Path], config: dict[str, Any]) -> di
     """
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
     from sparktune import label_pyfunc, label_scoring
 
     return {
@@ -1281,7 +1089,6 @@ def _log_adapter_model(
     path) and peft are available.
     """
     import mlflow
-
     from sparktune import label_pyfunc
 
     adapter_dir = output_dir / ADAPTER_ARTIFACT
@@ -1318,7 +1125,6 @@ def _to_stored_dtype(
 ) -> PreTrainedModel:
     """The merged model in the dtype its base is stored in: 16-bit for hub LLMs, not a 2x float32 copy."""
     import torch
-
     from sparktune.model_safety import load_config
 
     try:
@@ -1345,7 +1151,7 @@ def _merge(
     """The trained weights as a plain transformers model; the adapter goes to ``adapter/`` too.
 
     ``auto_class`` and ``model_kwargs`` load the 16-bit base a QLoRA adapter merges into, as
-    :func:`_load_model` loaded it (default: a causal LM).
+    :func:`sparktune.training_setup.load_base_model` loaded it (default: a causal LM).
     """
     import mlflow
 
@@ -1360,9 +1166,8 @@ def _merge(
         # Merging into the 4-bit base would round the adapter into its quantization grid and
         # degrade the model: merge into a 16-bit copy of the base instead.
         import torch
-        from transformers import AutoModelForCausalLM
-
         from sparktune.model_safety import load_adapter, load_model
+        from transformers import AutoModelForCausalLM
 
         auto_class = auto_class or AutoModelForCausalLM
         base = load_model(

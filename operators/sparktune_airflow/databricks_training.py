@@ -301,24 +301,22 @@ class DatabricksTrainingMixin:
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         """The end of both paths: raise for a run that did not succeed, else read its MLflow result."""
         from airflow.providers.databricks.hooks.databricks import RunState
-        from airflow.providers.databricks.operators.databricks import (
-            _handle_deferrable_databricks_operator_completion,
-        )
         from airflow.providers.databricks.utils.databricks import validate_trigger_event
 
         validate_trigger_event(event)
         self.databricks_run_id = event["run_id"]
         state = RunState.from_json(event["run_state"])
-        try:
-            _handle_deferrable_databricks_operator_completion({**event, "repair_run": False}, self.log)
-        except AirflowException as exc:
+        # As the provider's own operators end a deferred run (without repair): its page, then its state.
+        self.log.info("View run status, Spark UI, and logs at %s", event["run_page_url"])
+        if not state.is_successful:
             errors = "; ".join(f"{e.get('task_key')}: {e.get('error')}" for e in event.get("errors") or [])
             cause = state.state_message.rstrip(".") + (f" ({errors})" if errors else "")
             raise AirflowException(
                 f"Databricks run {event['run_id']} ended {state.result_state or state.life_cycle_state}: "
                 f"{cause}. Run page (logs, Spark UI): {event['run_page_url']}. A retry submits a new "
                 "run; a live run of the key is reattached."
-            ) from exc
+            )
+        self.log.info("Job run completed successfully.")
         try:
             return self._finish(context)
         except AirflowException as exc:

@@ -16,22 +16,21 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.config import settings
-
 from sparktune_airflow.assets import CHAMPION_ASSET_NAME
 from sparktune_airflow.lineage import ReportsLineage
 from sparktune_airflow.links import MLflowModelVersionLink, SparkUILink
 from sparktune_airflow.mlflow_connection import UsesMLflowConnection
 from sparktune_airflow.operators import (
-    _flag,
-    _mlflow_client,
-    _run_dir,
-    _submit_and_read_summary,
     check_allowed_location,
     config_hash,
     job_path,
+    mlflow_client,
     pipeline_params,
     session_jvm_conf,
     skip_downstream,
+    submit_and_read_summary,
+    task_scratch_dir,
+    templated_bool,
 )
 from sparktune_airflow.spark_submit import SparkSubmitOperator
 
@@ -164,7 +163,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         check_allowed_location("output_uri", self.output_uri)
         check_allowed_location("feedback_uri", self.feedback_uri)
         day = run_day(context)
-        summary_path = _run_dir(context) / "batch_inference_summary.json"
+        summary_path = task_scratch_dir(context) / "batch_inference_summary.json"
         summary_path.unlink(missing_ok=True)
         self.application = self.application or job_path("batch_inference")
         self.conf = short_job_conf(self.conf, input_bytes(source))
@@ -182,14 +181,14 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
             "--run-date", day,
             "--scored-at", f"{day}T00:00:00+00:00",
             "--summary-path", str(summary_path),
-            "--trust-remote-code", "true" if _flag(self.trust_remote_code) else "false",
+            "--trust-remote-code", "true" if templated_bool(self.trust_remote_code) else "false",
         ]  # fmt: skip
         if self.feedback_uri:
             args += ["--feedback-uri", str(self.feedback_uri)]
         if self.download_dir:
             args += ["--download-dir", str(self.download_dir)]
         self.application_args = args
-        summary = _submit_and_read_summary(self, context, summary_path, "batch_inference")
+        summary = submit_and_read_summary(self, context, summary_path, "batch_inference")
         model = summary["model"]
         self.log.info(
             "%d predictions of %s v%s (@%s) in %s/%s, %.1f s",
@@ -250,7 +249,7 @@ def _champion_labels(model_name: str) -> list[str] | None:
     """The label set of the model's champion (its ``labels`` version tag), if there is one."""
     from sparktune.registry import CHAMPION, alias_version
 
-    client = _mlflow_client()
+    client = mlflow_client()
     version = alias_version(client, model_name, CHAMPION)
     if version is None:
         return None
@@ -452,7 +451,7 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             if not str(self.source_uri or "").strip():
                 raise AirflowFailException("skip_unchanged needs data_fingerprint or source_uri; got neither")
             signature = source_signature(str(self.source_uri))
-        client = _mlflow_client()
+        client = mlflow_client()
         champion = alias_version(client, str(self.model_name), CHAMPION)
         tags = dict(client.get_model_version(str(self.model_name), champion).tags) if champion else {}
         decision = retrain_decision(

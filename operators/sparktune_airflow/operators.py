@@ -39,7 +39,6 @@ from sparktune.prepare_reuse import (
     reused_summary,
 )
 from sparktune.spark_jvm import DRIVER_JAVA_OPTIONS, input_bytes, short_job_conf
-
 from sparktune_airflow import training_process
 from sparktune_airflow.databricks_training import DatabricksTrainingMixin
 from sparktune_airflow.lineage import ReportsLineage
@@ -64,10 +63,13 @@ def job_path(job: str) -> str:
     return spec.origin
 
 
-def _submit_and_read_summary(
+def submit_and_read_summary(
     operator: SparkSubmitOperator, context: Any, summary_path: Path, job: str
 ) -> dict[str, Any]:
-    """Run spark-submit; input errors the job recorded fail at once, anything else is retried."""
+    """Run ``operator``'s spark-submit of ``sparktune.jobs.<job>`` and return the JSON summary the job
+    wrote to ``summary_path``. Input errors the job recorded there fail the task at once
+    (``AirflowFailException``); a fault it names as retryable, or a failure it left no record of
+    (a lost executor), raises ``AirflowException`` and is retried."""
     try:
         SparkSubmitOperator.execute(operator, context)
     except AirflowException as exc:
@@ -101,7 +103,7 @@ def pipeline_params(explicit: dict[str, Any] | None, context: Any) -> PipelinePa
         raise AirflowFailException(str(exc)) from exc
 
 
-def _flag(value: Any) -> bool:
+def templated_bool(value: Any) -> bool:
     """A templated boolean: True/False, or the strings a non-native render gives ("True", "false")."""
     if isinstance(value, bool):
         return value
@@ -138,7 +140,7 @@ def check_allowed_location(param: str, value: Any, source_format: str | None = N
         raise AirflowFailException(str(exc)) from exc
 
 
-def _run_dir(context: Any) -> Path:
+def task_scratch_dir(context: Any) -> Path:
     """A per-try scratch folder for request/result files exchanged with subprocesses."""
     ti = context["ti"]
     safe_run_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in ti.run_id)
@@ -147,7 +149,10 @@ def _run_dir(context: Any) -> Path:
     return path
 
 
-def _mlflow_client():
+def mlflow_client():
+    """An ``MlflowClient`` on the deployment's tracking URI (``settings().mlflow_tracking_uri``); sets
+    that URI as the process's MLflow tracking URI too, so ``mlflow.*`` calls after it go to the same
+    server."""
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -161,7 +166,8 @@ def skip_downstream(operator: SkipMixin, context: Any) -> None:
     operator.skip(ti=context["ti"], tasks=downstream)
 
 
-def _actor(context: Any) -> str:
+def audit_actor(context: Any) -> str:
+    """Who moves an alias, as the audit log records it: ``airflow:<dag_id>/<run_id>/<task_id>``."""
     ti = context["ti"]
     return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}"
 
@@ -215,7 +221,9 @@ class ResolveBaseModelOperator(BaseOperator):
         from sparktune.base_model import ensure_base_model
 
         try:
-            resolved = ensure_base_model(self.base_model, trust_remote_code=_flag(self.trust_remote_code))
+            resolved = ensure_base_model(
+                self.base_model, trust_remote_code=templated_bool(self.trust_remote_code)
+            )
         except (ValueError, FileNotFoundError) as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("base model %r -> %s", self.base_model, resolved)
@@ -298,7 +306,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         listed = list_source_files(source_uri)
         self.conf = short_job_conf(self.conf, None if listed is None else listed.size)
         self.application = self.application or job_path("prepare_data")
-        summary_path = _run_dir(context) / "prepare_summary.json"
+        summary_path = task_scratch_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
         job_params = {**params.to_dict(), "source_uri": source_uri}
         if self.source_format:
@@ -322,7 +330,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         key = inputs_key(files_signature(listed), effective, self.tokenizer)
         summary = self._reused(lake_uri, key, params)
         if summary is None:
-            summary = _submit_and_read_summary(self, context, summary_path, "prepare_data")
+            summary = submit_and_read_summary(self, context, summary_path, "prepare_data")
             if summary.get("quality_error"):
                 self.log.warning("the job's quality gate did not run: %s", summary["quality_error"])
             if key:
@@ -534,7 +542,7 @@ class SparkQualityGateOperator(PySparkOperator):
 
 def _rendered_dict(value: Any) -> Any:
     """A templated dict: as is under native rendering, else its rendered repr read back ("None" and
-    "" for none), like :func:`_flag` for booleans."""
+    "" for none), like :func:`templated_bool` for booleans."""
     if not isinstance(value, str):
         return value
     if value.strip() in ("", "None"):
@@ -718,7 +726,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
             return self._keep(result.to_summary())
         self.conf = short_job_conf(self.conf, input_bytes(self.source, self.storage_options))
         self.application = self.application or job_path("materialize_dataset")
-        summary_path = _run_dir(context) / "materialize_summary.json"
+        summary_path = task_scratch_dir(context) / "materialize_summary.json"
         summary_path.unlink(missing_ok=True)
         args = [
             "--source", self.source,
@@ -737,7 +745,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
         if self.storage_options:
             args += ["--storage-options", json.dumps(self.storage_options)]
         self.application_args = args
-        summary = _submit_and_read_summary(self, context, summary_path, "materialize_dataset")
+        summary = submit_and_read_summary(self, context, summary_path, "materialize_dataset")
         self.log.info(
             "dataset %s: rows %s in %s shards, %.1f MB, %s in %.1f s",
             summary["dataset_uri"],
@@ -1024,7 +1032,7 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import CANDIDATE, move_alias, register_run_model
 
-        client = _mlflow_client()
+        client = mlflow_client()
         for name, content in self.run_artifacts.items():
             client.log_dict(self.run_id, content, f"pipeline/{name}.json")
         for folder, files in self.run_files.items():
@@ -1060,7 +1068,7 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
             self.model_name,
             CANDIDATE,
             version,
-            actor=_actor(context),
+            actor=audit_actor(context),
             reason=f"registered from run {self.run_id}",
         )
         self._data_fingerprint = run_tags.get("sparktune.data_fingerprint") or tags.get("data_fingerprint")
@@ -1140,8 +1148,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import CHAMPION, alias_version
 
-        client = _mlflow_client()
-        work = _run_dir(context)
+        client = mlflow_client()
+        work = task_scratch_dir(context)
         trust = _trust_remote_code(self.pipeline_params, context)
         champion_version = alias_version(client, self.model_name, CHAMPION)
         against_champion = champion_version is not None and champion_version != str(self.version)
@@ -1256,7 +1264,7 @@ def _versus_champion(
 def _with_model_labels(client: Any, model_name: str, version: str, result_json: Path) -> Any:
     """A result file the evaluation CLI wrote, with the model's label set: as the evaluation
     recorded it, else the version's ``labels`` tag (registration sets it from the prepared data)."""
-    from sparktune.evaluation import EvalResult
+    from sparktune.metrics import EvalResult
 
     result = EvalResult.from_dict(json.loads(result_json.read_text()))
     if result.model_labels:
@@ -1272,7 +1280,7 @@ def _with_model_labels(client: Any, model_name: str, version: str, result_json: 
 def _baseline_metrics(challenger_json: Path, baseline_json: Path) -> dict[str, float]:
     """The baseline's metrics and the paired (challenger - baseline) differences on the same rows."""
     from sparktune.baseline import baseline_metrics
-    from sparktune.evaluation import EvalResult
+    from sparktune.metrics import EvalResult
 
     baseline = EvalResult.from_dict(json.loads(baseline_json.read_text()))
     return baseline_metrics(baseline, _paired(challenger_json, baseline_json))
@@ -1329,7 +1337,7 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             self.log.info("gate: %s", reason)
         verdict = "promote" if decision.promote else "blocked"
         self.log.info("gate decision (%s mode): %s", decision.mode, verdict)
-        client = _mlflow_client()
+        client = mlflow_client()
         client.set_tag(self.run_id, "sparktune.gate.decision", verdict)
         client.set_tag(self.run_id, "sparktune.gate.mode", decision.mode)
         client.set_tag(self.run_id, "sparktune.gate.reasons", "\n".join(decision.reasons)[:5000])
@@ -1395,17 +1403,17 @@ class PromoteModelOperator(UsesMLflowConnection, BaseOperator):
         from sparktune.gate import promotion_reason
         from sparktune.registry import CHAMPION, ChampionChangedError, move_alias
 
-        client = _mlflow_client()
-        reason = self.reason or f"promoted by {_actor(context)}"
+        client = mlflow_client()
+        reason = self.reason or f"promoted by {audit_actor(context)}"
         if self.gate_decision:
-            reason = promotion_reason(self.gate_decision, _actor(context))
+            reason = promotion_reason(self.gate_decision, audit_actor(context))
         try:
             move = move_alias(
                 client,
                 self.model_name,
                 self.alias,
                 str(self.version),
-                actor=_actor(context),
+                actor=audit_actor(context),
                 reason=reason,
                 check_current=self.alias == CHAMPION,
                 expected_current=self.expected_champion,
@@ -1469,14 +1477,14 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import alias_version
 
-        client = _mlflow_client()
+        client = mlflow_client()
         current = alias_version(client, self.model_name, self.alias)
         if current != str(self.version):
             raise AirflowFailException(
                 f"{self.model_name}@{self.alias} is version {current}, not {self.version} that this run "
                 f"promoted; another run moved it. Re-run this DAG run's promotion from evaluate."
             )
-        output = _run_dir(context) / "smoke.json"
+        output = task_scratch_dir(context) / "smoke.json"
         model_uri = f"models:/{self.model_name}@{self.alias}"
         params = pipeline_params(self.pipeline_params, context)
         result = _run_module(

@@ -7,9 +7,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
-
 from sparktune_airflow.mlflow_connection import UsesMLflowConnection
-from sparktune_airflow.operators import _actor, _mlflow_client
+from sparktune_airflow.operators import audit_actor, mlflow_client
 
 
 class RollbackChampionOperator(UsesMLflowConnection, BaseOperator):
@@ -38,13 +37,13 @@ class RollbackChampionOperator(UsesMLflowConnection, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.registry import ChampionChangedError, RollbackError, rollback_champion
 
-        actor = _actor(context)
+        actor = audit_actor(context)
         # Rendered templates are strings, or ints under render_template_as_native_obj.
         to_version = "" if self.to_version is None else str(self.to_version)
         reason = str(self.reason or "").strip() or f"rollback requested by {actor}"
         try:
             move = rollback_champion(
-                _mlflow_client(), str(self.model_name), to_version, actor=actor, reason=reason
+                mlflow_client(), str(self.model_name), to_version, actor=actor, reason=reason
             )
         except (RollbackError, ChampionChangedError) as exc:
             raise AirflowFailException(str(exc)) from exc

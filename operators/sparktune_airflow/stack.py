@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from sparktune.config import HOME_ENV
-
 from sparktune_airflow.embedded import PROJECT_ROOT, embedded_env
 
 PG_ENV = "SPARKTUNE_STACK_PG"  # the server: postgresql://user@host:port (trust or password auth)

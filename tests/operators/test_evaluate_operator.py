@@ -37,7 +37,7 @@ class RecordingTaskInstance(FakeTaskInstance):
 
 def _result(model_uri: str, n: int = 200):
     import numpy as np
-    from sparktune.evaluation import INVALID_PREDICTION, EvalResult, classification_cis, macro_f1_statistic
+    from sparktune.metrics import INVALID_PREDICTION, EvalResult, classification_cis, macro_f1_statistic
 
     classes = [*LABELS, INVALID_PREDICTION]
     y_true = [i % 2 for i in range(n)]
@@ -121,7 +121,7 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     FakeSubprocessHook.champion_labels = None
     # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
     # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
-    client = operators._mlflow_client()
+    client = operators.mlflow_client()
     experiment = client.create_experiment("sparktune-eval-op", artifact_location=str(tmp_path / "artifacts"))
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]
     client.create_registered_model("eval-op")

@@ -175,7 +175,7 @@ def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retrie
     # What the preparation job records when a column is missing (tests/unit/test_bad_inputs.py
     # checks the job writes it), as PrepareDataOperator reads it after spark-submit exits 2.
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from sparktune_airflow.operators import _submit_and_read_summary
+    from sparktune_airflow.operators import submit_and_read_summary
 
     summary = tmp_path / "prepare_summary.json"
     message = (
@@ -190,7 +190,7 @@ def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retrie
     with pytest.raises(
         AirflowFailException, match="prepare_data rejected its input: Source 'tickets.jsonl' is"
     ):
-        _submit_and_read_summary(
+        submit_and_read_summary(
             SparkSubmitOperator(task_id="t", application="a"), {}, summary, "prepare_data"
         )
 
@@ -200,7 +200,7 @@ def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retrie
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", dies)
     with pytest.raises(AirflowException) as error:
-        _submit_and_read_summary(
+        submit_and_read_summary(
             SparkSubmitOperator(task_id="t", application="a"), {}, summary, "prepare_data"
         )
     assert not isinstance(error.value, AirflowFailException)  # a lost executor or JVM: retried

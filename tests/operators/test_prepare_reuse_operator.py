@@ -37,7 +37,7 @@ def submits(home, monkeypatch):
             folders[f"{kind}_uri"] = str(folder)
         return {"steps": [], "data_fingerprint": fingerprint, "reused": False, "tokenizer": "t", **folders}
 
-    monkeypatch.setattr(operators, "_submit_and_read_summary", publish)
+    monkeypatch.setattr(operators, "submit_and_read_summary", publish)
     return calls
 
 
@@ -95,7 +95,7 @@ def test_a_reused_version_keeps_its_quality_report_only_under_the_same_rules(hom
                 "quarantine_uri": str(home / "home" / "lake" / "quarantine" / "f0"),
                 "quality": report}  # fmt: skip
 
-    monkeypatch.setattr(operators, "_submit_and_read_summary", publish)
+    monkeypatch.setattr(operators, "submit_and_read_summary", publish)
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     (home / "tok").mkdir()

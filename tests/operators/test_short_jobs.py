@@ -28,7 +28,7 @@ def submitted(monkeypatch):
         confs.append(dict(operator.conf))
         return SUMMARY
 
-    monkeypatch.setattr(operators, "_submit_and_read_summary", record)
+    monkeypatch.setattr(operators, "submit_and_read_summary", record)
     return confs
 
 

@@ -116,7 +116,7 @@ def test_the_intervals_are_a_direct_numpy_paired_bootstrap():
         _result(truth, challenger), _result(truth, champion), n_resamples=resamples, seed=seed
     )
 
-    # The same draws as sparktune.evaluation.bootstrap_cis: one matrix of row indices, seeded.
+    # The same draws as sparktune.metrics.bootstrap_cis: one matrix of row indices, seeded.
     idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n), dtype=np.int32)
     t, a, b = np.array(truth), np.array(challenger), np.array(champion)
     accuracy = (a[idx] == t[idx]).mean(axis=1) - (b[idx] == t[idx]).mean(axis=1)

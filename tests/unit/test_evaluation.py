@@ -167,7 +167,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_all_correct_gives_a_degenerate_interval_at_one():
-    from sparktune.evaluation import accuracy_statistic, bootstrap_ci, classification_cis, macro_f1_statistic
+    from sparktune.metrics import accuracy_statistic, bootstrap_ci, classification_cis, macro_f1_statistic
 
     labels = [0, 1, 2, 3] * 25
     assert bootstrap_ci(accuracy_statistic(labels, labels), 100) == (1.0, 1.0)
@@ -178,7 +178,7 @@ def test_all_correct_gives_a_degenerate_interval_at_one():
 
 def test_a_fair_coin_gives_the_binomial_interval():
     import numpy as np
-    from sparktune.evaluation import accuracy_statistic, bootstrap_ci
+    from sparktune.metrics import accuracy_statistic, bootstrap_ci
 
     n = 4000
     correct = np.random.default_rng(7).random(n) < 0.5
@@ -197,7 +197,7 @@ def test_a_fair_coin_gives_the_binomial_interval():
 def test_resampled_macro_f1_is_sklearns_with_invalid_predictions():
     import numpy as np
     from sklearn.metrics import f1_score
-    from sparktune.evaluation import macro_f1_statistic
+    from sparktune.metrics import macro_f1_statistic
 
     rng = np.random.default_rng(3)
     truth = rng.integers(0, 5, 200)
@@ -212,7 +212,7 @@ def test_resampled_macro_f1_is_sklearns_with_invalid_predictions():
 
 def test_the_loss_interval_resamples_examples_for_the_per_token_mean():
     import numpy as np
-    from sparktune.evaluation import bootstrap_cis, ratio_statistic
+    from sparktune.metrics import bootstrap_cis, ratio_statistic
 
     # Two examples: 1 token of loss 1.0, 3 tokens of total loss 9.0; resamples of both, one or the other.
     statistic = ratio_statistic([1.0, 9.0], [1, 3])
@@ -227,7 +227,7 @@ def test_bootstrap_costs_well_under_a_second_for_thousands_of_examples():
     import time
 
     import numpy as np
-    from sparktune.evaluation import classification_cis
+    from sparktune.metrics import classification_cis
 
     rng = np.random.default_rng(0)
     n = 5000

@@ -95,9 +95,10 @@ def _bin_only_model(base: Path, folder: Path) -> Path:
 
 
 def _load_via_training(folder: Path) -> None:
-    from sparktune.training import _load_model, _load_tokenizer
+    from sparktune.training import _load_tokenizer
+    from sparktune.training_setup import load_base_model
 
-    _load_model(str(folder), _load_tokenizer(str(folder)))
+    load_base_model(str(folder), _load_tokenizer(str(folder)))
 
 
 def _load_via_evaluation(folder: Path) -> None:
@@ -184,20 +185,22 @@ def test_a_model_that_needs_its_own_code_is_refused_and_the_code_never_runs(base
 
 
 def test_a_model_of_a_class_transformers_has_loads_that_class_not_the_code_it_ships(base, tmp_path):
-    from sparktune.training import _load_model, _load_tokenizer
+    from sparktune.training import _load_tokenizer
+    from sparktune.training_setup import load_base_model
 
     folder, marker = _remote_code_model(base, tmp_path / "native", native=True)
-    model = _load_model(str(folder), _load_tokenizer(str(folder)))
+    model = load_base_model(str(folder), _load_tokenizer(str(folder)))
     assert type(model).__name__ == "LlamaForCausalLM"
     assert not marker.exists()
 
 
 def test_with_trust_remote_code_the_models_own_code_loads_it(base, tmp_path):
-    from sparktune.training import _load_model, _load_tokenizer
+    from sparktune.training import _load_tokenizer
+    from sparktune.training_setup import load_base_model
 
     folder, marker = _remote_code_model(base, tmp_path / "trusted")
     tokenizer = _load_tokenizer(str(folder), trust_remote_code=True)
-    model = _load_model(str(folder), tokenizer, trust_remote_code=True)
+    model = load_base_model(str(folder), tokenizer, trust_remote_code=True)
     assert type(model).__name__ == "MarkerForCausalLM"
     assert marker.exists()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from sparktune.paths import check_allowed_uri, check_table_name, expand_braces, normalize_uri, parse_roots
+from sparktune.config import parse_roots
+from sparktune.paths import check_allowed_uri, check_table_name, expand_braces, normalize_uri
 
 ROOTS = ("/data", "s3://bucket/lake", "dbfs:/Volumes/main/raw")
 

@@ -84,7 +84,6 @@ def _parse_times(args: argparse.Namespace) -> tuple[date, datetime]:
 def _write_review_rows(spark, source, args: argparse.Namespace, run_date: date) -> int:
     """The predictions just written (read back, not scored again) with their texts, for review."""
     from pyspark.sql import functions as F
-
     from sparktune.feedback import write_review_rows
 
     written = spark.read.parquet(args.output_uri).where(F.col("date") == F.lit(run_date.isoformat()))

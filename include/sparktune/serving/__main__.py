@@ -70,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
     import uvicorn
-
     from sparktune.serving.app import create_app
 
     # One process: batching needs every request in the same queue. Scale out with replicas.

@@ -29,7 +29,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-
 from sparktune.feedback import captured_row_id
 from sparktune.serving.batching import BatcherStopped, MicroBatcher, predict_in_length_groups
 from sparktune.serving.capture import CaptureWriter

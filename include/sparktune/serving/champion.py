@@ -198,7 +198,6 @@ class ChampionWatcher:
 
     def _resolve(self) -> str | None:
         from mlflow.tracking import MlflowClient
-
         from sparktune.registry import alias_version
 
         client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
