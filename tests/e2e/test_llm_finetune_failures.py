@@ -138,4 +138,9 @@ def test_bad_data_fails_the_run_before_training(home):
     assert "no Spark job" in output and "rules changed since its report" in output, output_tail(result)
     assert "min_train_rows" in output or "1000000" in output, output_tail(result)
     assert "validate_data" in output and "Data quality gate failed" in output, output_tail(result)
+    # The runner closes with a summary: the failed task, its message (the fix last), its log file.
+    summary = result.stderr.strip().splitlines()[-8:]
+    assert any(line.startswith("run failed: llm_finetune / validate_data") for line in summary), summary
+    assert "  Data quality gate failed" in "\n".join(summary) and summary[-1].startswith("  log: "), summary
+    assert "Data quality gate failed" in Path(summary[-1].removeprefix("  log: ")).read_text()
     assert len(_versions(home)) == versions  # nothing registered

@@ -20,22 +20,11 @@ try:
     from tests.e2e.dag_runs import SESSION_ONLY
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     from e2e.dag_runs import SESSION_ONLY
+try:
+    from tests.operators.airflow_metadata import SCHEMA
+except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    from airflow_metadata import SCHEMA
 
-# What Airflow 3.3's migration creates for these two tables (foreign keys left out).
-SCHEMA = """
-create table alembic_version (version_num varchar(32) not null);
-insert into alembic_version values ('29ce7909c52b');
-create table dag_run (
-    id integer not null primary key, dag_id varchar(250) not null, run_id varchar(250) not null,
-    run_type varchar(50) not null, state varchar(50), run_after timestamp not null
-);
-create table xcom (
-    dag_run_id integer not null, task_id varchar(250) not null, map_index integer default -1 not null,
-    "key" varchar(512) not null, dag_result boolean, dag_id varchar(250) not null,
-    run_id varchar(250) not null, value json, timestamp timestamp not null,
-    primary key (dag_run_id, task_id, map_index, "key")
-);
-"""
 
 BLOCKED = {
     "mode": "enabled",
