@@ -28,7 +28,7 @@ Inside it: each worker loading the model (the project: once per worker; the seed
 per partition call), tokenizing and scoring every row. ``--repeats`` alternates the methods
 and reports the median run of each.
 
-Target: the project's rows/s at least 2.5x the seed way's, in the same run. README.md reports
+Target: the project's rows/s at least 2.5x the seed way's, in the same run. docs/benchmarks.md reports
 3.7x-4.6x over four runs at 3,000 rows, timed before the warm-up existed: the seed, running
 first, paid the workers' imports on its clock. With the warm-up this bench measured 3.17x at
 3,000 rows and 3.31x and 6.87x at 1,000 rows (the seed slows more than the project under load,

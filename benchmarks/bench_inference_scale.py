@@ -23,7 +23,7 @@ peak in each tenth of the run, so growth with rows or with time shows. rows/s is
 job's own seconds (reading, scoring and writing; not the JVM start or resolving the model), and
 the accuracy is read back from the written Parquet.
 
-Targets, from the smallest size to the largest in the same run (README.md measured 100k -> 1M
+Targets, from the smallest size to the largest in the same run (docs/benchmarks.md measured 100k -> 1M
 rows: JVM 656 -> 661 MB, tree 2,399 -> 2,419 MB, 2,333 -> 3,027 rows/s, accuracy 0.978-0.979):
 
 - every component's peak RSS (JVM, Python driver, Python workers, the whole tree) at most 1.25x

@@ -31,13 +31,13 @@ toPandas bring data back), ``peak_jvm_rss_mb`` the local-mode JVM (driver + exec
 Targets (the materialize issue's), each a ratio of seconds measured side by side in this run:
 
 - at every size, the project at least 1.5x faster than ``parquet_roundtrip`` and at least 2x
-  faster than ``from_spark`` (README.md: 6.7x / 7.1x / 5.2x and 13x / 8.4x / 6.6x at 0.1 / 1 / 4 GB);
+  faster than ``from_spark`` (docs/benchmarks.md: 6.7x / 7.1x / 5.2x and 13x / 8.4x / 6.6x at 0.1 / 1 / 4 GB);
 - at the largest size, if it is 1 GB or more, the project within 2x of the pyarrow write floor
-  (README.md: 1.56x at 1 GB, 1.37x at 4 GB). Below 1 GB the project's fixed cost (a Spark plan,
+  (docs/benchmarks.md: 1.56x at 1 GB, 1.37x at 4 GB). Below 1 GB the project's fixed cost (a Spark plan,
   the label encoding, an fsync per shard) is most of its time, 7.7x the floor's 0.1 s at 0.1 GB,
   so the floor says nothing there and the target is reported as not checked;
 - at the largest size, the project's driver peak RSS under 1 GB (a bound on memory, not time:
-  README.md measured 432 / 698 / 659 MB).
+  docs/benchmarks.md measured 432 / 698 / 659 MB).
 
 Prints a table and writes SPARKTUNE_HOME/bench/materialize.json; exits 1 when a method fails
 or a target is missed. Not a test.

@@ -12,8 +12,8 @@ nothing is reused). Wall seconds include the JVM start, as a task's would. Peak 
 process tree (JVM + Python driver + Python UDF workers).
 
 Target: rows/s at the largest size at least 0.8x rows/s at the smallest, in the same run (two
-sizes or more; one size checks nothing but that the job ran). README.md states no throughput for
-this bench; NOTES.md measured 14.7k rows/s at 1M and 22.3k at 5M (1.5x: the 15-20 s of fixed cost
+sizes or more; one size checks nothing but that the job ran). docs/decisions/0021 records
+14.7k rows/s at 1M and 22.3k at 5M (1.5x: the 15-20 s of fixed cost
 of every run is spread over more rows), so throughput falling as data grows means a step that grew
 worse than linearly (a shuffle that spills, a driver that collects), which is what broke 5M rows
 before. 0.8x leaves room for the shared machine's noise (about 20% between runs). At small sizes

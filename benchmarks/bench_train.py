@@ -26,8 +26,8 @@ filtered like prepare_data, in the pipeline's prompt template (prompt + label of
 Both are cached under SPARKTUNE_HOME/bench/train; MLflow goes to a throwaway SQLite store there.
 
 Targets (the training issue's), for the project's default batching (``project``): at least 15x
-the seed recipe's real tokens/s in the same run (README.md: 30.1x at 40 steps), and a padding
-efficiency of at least 0.9 (README.md: 0.966). ``project_packing`` is shown for comparison only.
+the seed recipe's real tokens/s in the same run (docs/benchmarks.md: 30.1x at 40 steps), and a padding
+efficiency of at least 0.9 (docs/benchmarks.md: 0.966). ``project_packing`` is shown for comparison only.
 
 Prints a table and writes SPARKTUNE_HOME/bench/train.json; exits 1 when the seed recipe or the
 project fails or a target is missed. Not a test.

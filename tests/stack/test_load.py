@@ -1,7 +1,8 @@
 """Five ``llm_finetune`` runs on five different datasets, triggered over REST at the same moment.
 
 `make test-load` runs this module (about 15 minutes on a 2-core machine); `make test` leaves it out
-for its time budget (see README, "Reliability"). The runs share one registered model. What must hold:
+for its time budget (see docs/operations.md, "Reliability"). The runs share one registered model.
+What must hold:
 
 - every run finishes (a run whose gate says no ends cleanly, promotion skipped);
 - promotions are serialized: no two runs are ever between ``evaluate`` and ``promote_champion`` at

@@ -8,10 +8,11 @@ stopped), then follow the ``train`` task's "MLflow run" extra link of the REST-t
 (``rest_run``) to the MLflow server. Every step leaves a screenshot in
 ``test-output/ui/`` at the repository root.
 
-The selectors come from Airflow 3.3's React UI as it renders (see NOTES.md, "Issue 8: UI test"):
-form fields are ``input[name=element_<param>]`` inside accordion sections named by the params'
-``section``; the trigger button has ``data-testid=trigger-dag-button``; extra links are ``<a>``
-elements named after the link under the task instance's Details tab.
+The selectors come from Airflow 3.3's React UI as it renders (what an upgrade may break:
+docs/known-issues.md, "Operations and testing"): form fields are ``input[name=element_<param>]``
+inside accordion sections named by the params' ``section``; the trigger button has
+``data-testid=trigger-dag-button``; extra links are ``<a>`` elements named after the link under
+the task instance's Details tab.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ def test_a_failing_job_leaves_nothing_a_later_run_would_trust(spark, tmp_path):
     from pyspark.sql import functions as F
 
     # Fails inside the writing stage, after other rows were written (a Python UDF would do too,
-    # but Spark 4.2 hangs when a failing Python UDF feeds mapInArrow in local[1]: see NOTES.md).
+    # but Spark 4.2 hangs when a failing Python UDF feeds mapInArrow in local[1]: see
+    # docs/known-issues.md, "Data").
     example_id = F.col("example_id")
     failing = F.when(example_id.endswith("-007"), F.raise_error(F.lit("executor lost halfway")))
     df = spark.read.parquet(str(_prepared(tmp_path / "prepared")))
