@@ -27,7 +27,7 @@ help:
 	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
 	@echo "make lint            ruff (style, private names) and lint-imports (the import contracts in pyproject.toml)"
 	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
-	@echo "make bench           every bench below at small sizes, one after another (~11 min); fails if any target is missed"
+	@echo "make bench           every bench below at small sizes, one after another (~8 min); fails if any target is missed"
 	@echo "make bench-dag-parse what each DAG file adds over import airflow.sdk, fresh interpreters (target 0.3 s)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
@@ -115,7 +115,7 @@ stack-status: venv
 test: venv $(VENV)/.browser
 	$(PY) -m pytest -q --durations=10 $(PYTEST_PARALLEL) -m "not load" $(PYTEST_ARGS)
 
-# Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~15 min).
+# Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~18 min).
 test-load: venv
 	$(PY) -m pytest -q -m load $(PYTEST_ARGS)
 

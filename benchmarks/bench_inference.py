@@ -75,12 +75,21 @@ def bench_champion(work: Path) -> tuple[Any, str]:
     return resolve_model(MODEL_NAME, "champion", uri, download_dir=work / "inference-models"), tiny_model
 
 
+def _model_folder(ref: Any) -> str:
+    """The Hugging Face folder (weights and tokenizer) inside the registered label pyfunc, where its
+    MLmodel file says the ``model`` artifact is."""
+    from mlflow.models import Model
+    from sparktune.label_pyfunc import MERGED_ARTIFACT
+
+    artifacts = Model.load(ref.local_path).flavors["python_function"]["artifacts"]
+    return str(Path(ref.local_path) / artifacts[MERGED_ARTIFACT]["path"])
+
+
 def _seed_way(df: Any, ref: Any, max_new_tokens: int) -> Any:
     """The seed recipe: a text-generation pipeline built inside each partition call."""
     from pyspark.sql.types import StringType, StructField, StructType
 
-    model_dir = str(Path(ref.local_path) / "model")
-    tokenizer_dir = str(Path(ref.local_path) / "components" / "tokenizer")
+    model_dir = tokenizer_dir = _model_folder(ref)
     template = ref.prompt_template
 
     def predict(frames: Any) -> Any:
@@ -186,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(Path(ref.local_path) / "components" / "tokenizer"))
+    tokenizer = AutoTokenizer.from_pretrained(_model_folder(ref))
     max_new_tokens = (
         max(len(tokenizer(f" {x}", add_special_tokens=False)["input_ids"]) for x in ref.labels) + 2
     )

@@ -157,11 +157,16 @@ def token_lengths(model_dir: Path, data_dir: Path) -> dict[str, float]:
 
 
 def bench_params(steps: int, batch_size: int, **overrides: Any) -> dict[str, Any]:
-    """The pipeline's default params with the benchmark's step count and batch size."""
+    """The pipeline's default params with the benchmark's step count and batch size, and the seed
+    recipe's adapters and rate set explicitly: both methods train the same weights, so tokens/s
+    compare (left unset, the project's run would take the base model's recipe)."""
     from sparktune.params import default_params
 
     params = default_params()
     params.update(
+        lora_target_modules="q_proj,v_proj",
+        lora_modules_to_save="",
+        learning_rate=2e-4,
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=1,
@@ -302,10 +307,8 @@ def run_method(
 
 
 def model_description(model_dir: Path) -> str:
-    from sparktune.params import default_params
-
     config = json.loads((model_dir / "config.json").read_text())
-    params = default_params()
+    params = bench_params(0, 1)
     return (
         f"LLaMA {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, vocab "
         f"{config['vocab_size']}; LoRA r={params['lora_r']} alpha={params['lora_alpha']} on "

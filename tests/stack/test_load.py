@@ -1,6 +1,6 @@
 """Five ``llm_finetune`` runs on five different datasets, triggered over REST at the same moment.
 
-`make test-load` runs this module (about 15 minutes on a 2-core machine); `make test` leaves it out
+`make test-load` runs this module (about 18 minutes on a 2-core machine); `make test` leaves it out
 for its time budget (see docs/operations.md, "Reliability"). The runs share one registered model.
 What must hold:
 
