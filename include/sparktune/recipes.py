@@ -184,6 +184,12 @@ def is_unset(name: str, value: Any) -> bool:
     return value is None or (name in ("lora_target_modules", "lora_modules_to_save") and value == AUTO)
 
 
+def unset_fields(params: PipelineParams) -> list[str]:
+    """The recipe fields still left to the base model: what :func:`resolve` has yet to fill."""
+    current = params.to_dict()
+    return [name for name in RECIPE_FIELDS if is_unset(name, current[name])]
+
+
 def resolve(params: PipelineParams, facts: BaseModelFacts) -> ResolvedRecipe:
     """``params`` with every unset recipe field filled from the base model's recipe."""
     recipe = recipe_for(facts, params.task, params.peft_method)

@@ -109,10 +109,26 @@ def _split_modules(value: str) -> list[str] | str | None:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def require_resolved_recipe(params: PipelineParams) -> None:
+    """Refuse params whose training recipe is still unset (``auto`` / null): code that builds a trainer
+    outside :func:`sparktune.training.train` must resolve it first, or peft reads ``auto`` as a
+    module name and the trainer a learning rate of None."""
+    from sparktune.recipes import unset_fields
+
+    unset = unset_fields(params)
+    if unset:
+        raise TrainingInputError(
+            f"The training recipe fields {unset} are unset: resolve them from the base model first "
+            "(sparktune.training.resolve_recipe(params, base_model)) or set them."
+        )
+
+
 def lora_config_from_params(params: PipelineParams, task_type: str = "CAUSAL_LM") -> Any:
     """The PEFT ``LoraConfig`` of the params (rank, alpha, dropout, target modules, modules trained in
     full beside the adapters) for ``task_type``: ``CAUSAL_LM`` or ``SEQ_CLS``."""
     from peft import LoraConfig
+
+    require_resolved_recipe(params)
 
     return LoraConfig(
         task_type=task_type,
@@ -145,6 +161,8 @@ def trainer_arguments(
     ``stream_shards`` > 0: the train split is a Parquet stream with that many files.
     """
     import torch
+
+    require_resolved_recipe(params)
 
     on_gpu = torch.cuda.is_available()
     # A stream has no length: the step count comes from the footers' row count, and every

@@ -106,3 +106,16 @@ def test_the_built_in_base_model_is_recognised_by_its_build_record(tmp_path):
     from sparktune.base_model import RECORD_FILE
 
     assert RECORD_FILE == BUILT_HERE_RECORD  # the builder's record is what marks a model built here
+
+
+def test_a_trainer_is_not_built_from_an_unresolved_recipe(tmp_path):
+    from sparktune.training_setup import TrainingInputError, lora_config_from_params, trainer_arguments
+
+    params = parse_params({})
+    unset = r"recipe fields \['lora_target_modules'.*resolve_recipe"
+    for build in (lambda: lora_config_from_params(params), lambda: trainer_arguments(params, tmp_path, 100)):
+        with pytest.raises(TrainingInputError, match=unset):
+            build()
+    facts = describe_base_model(_folder(tmp_path, "tiny", LLAMA_2_7B, built_here=True))
+    resolved = resolve(params, facts).params
+    assert lora_config_from_params(resolved).target_modules == "all-linear"
