@@ -24,15 +24,13 @@ COPY --chown=airflow:root requirements.lock pyproject.toml /opt/sparktune/
 RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
         -r /opt/sparktune/requirements.lock
 # The project itself, without dependencies: the lock above is the whole environment.
-# pyproject.toml finds the packages sparktune (include/) and sparktune_airflow (operators/).
+# pyproject.toml finds the packages sparktune and sparktune_airflow under include/.
 COPY --chown=airflow:root include /opt/sparktune/include
-COPY --chown=airflow:root operators /opt/sparktune/operators
 RUN pip install --no-cache-dir --no-deps /opt/sparktune \
  && python -c "import sparktune, sparktune_airflow"
 # Spark's classes recorded into the image (~/.cache/sparktune): every driver starts with them mapped.
-RUN python -m sparktune.spark_jvm build-class-archive
+RUN python -m sparktune.data.spark_jvm build-class-archive
 COPY --chown=airflow:root dags /opt/airflow/dags
-COPY --chown=airflow:root plugins /opt/airflow/plugins
 # OpenLineage transport configurations (AIRFLOW__OPENLINEAGE__CONFIG_PATH picks one).
 COPY --chown=airflow:root docker/openlineage /opt/sparktune/openlineage
 

@@ -46,10 +46,13 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
-# Spark's classes recorded once per venv (~1 min; sparktune.spark_jvm, decision 0008): every
+# Spark's classes recorded once per venv (~1 min; sparktune.data.spark_jvm, decision 0008): every
 # Spark driver then starts with them mapped. A failure only costs speed, so it warns.
+# tools/ (sparktune_dev: the embedded runner, the native stack, demo data) is this repository's, not
+# the shipped package's: a .pth file puts it on the venv's path, so `python -m sparktune_dev.x` works.
 venv: $(VENV)/.installed
-	@$(PY) -m sparktune.spark_jvm build-class-archive || echo "warning: no Spark class archive; Spark jobs start slower"
+	@echo "$(CURDIR)/tools" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sparktune_dev.pth"
+	@$(PY) -m sparktune.data.spark_jvm build-class-archive || echo "warning: no Spark class archive; Spark jobs start slower"
 
 # The browser test (tests/stack/test_ui.py) drives Debian's chromium through Playwright, with
 # executable_path=/usr/bin/chromium: never `playwright install`, which downloads its own build.
@@ -72,21 +75,21 @@ $(VENV)/.browser: $(CHROMIUM) $(VENV)/.installed
 browser: $(VENV)/.browser
 
 demo: venv
-	$(PY) -m sparktune.demo_data --rows $(DEMO_ROWS) --out $(SPARKTUNE_HOME)/data/support_tickets.jsonl
-	$(PY) -m sparktune_airflow.embedded run --dag llm_finetune --conf '$(CONF)'
-	$(PY) -m sparktune.report
+	$(PY) -m sparktune_dev.demo_data --rows $(DEMO_ROWS) --out $(SPARKTUNE_HOME)/data/support_tickets.jsonl
+	$(PY) -m sparktune_dev.embedded run --dag llm_finetune --conf '$(CONF)'
+	$(PY) -m sparktune_dev.report
 
 # A gate that blocked promotion: the runner exits 3 and names the version and failed rules last
 # (make then says "Error 3" and exits 2, as for any failed recipe; scripts call the runner directly).
 run: venv
-	$(PY) -m sparktune_airflow.embedded run --dag $(DAG) --conf '$(CONF)'
-	@if [ "$(DAG)" = "llm_finetune" ]; then $(PY) -m sparktune.report; fi
+	$(PY) -m sparktune_dev.embedded run --dag $(DAG) --conf '$(CONF)'
+	@if [ "$(DAG)" = "llm_finetune" ]; then $(PY) -m sparktune_dev.report; fi
 
 # Scores new texts with the champion through the batch_inference DAG (make demo first).
 INCOMING_ROWS ?= 500
 score: venv
-	test -f $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl || $(PY) -m sparktune.demo_data --rows $(INCOMING_ROWS) --seed 11 --out $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl
-	$(PY) -m sparktune_airflow.embedded run --dag batch_inference --conf '$(CONF)'
+	test -f $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl || $(PY) -m sparktune_dev.demo_data --rows $(INCOMING_ROWS) --seed 11 --out $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl
+	$(PY) -m sparktune_dev.embedded run --dag batch_inference --conf '$(CONF)'
 	@echo "predictions: $(SPARKTUNE_HOME)/lake/predictions (Parquet by date); review rows: $(SPARKTUNE_HOME)/lake/feedback/predictions"
 
 # The champion (models:/support-intent@champion; SPARKTUNE_SERVING_MODEL_NAME or --model-name) over HTTP on
@@ -94,22 +97,22 @@ score: venv
 # SERVE_ARGS passes flags through: make serve SERVE_ARGS='--port 5002 --model-name my-model'.
 SERVE_ARGS ?=
 serve: venv
-	$(PY) -m sparktune.serving $(SERVE_ARGS)
+	$(PY) -m sparktune.serve $(SERVE_ARGS)
 
 # Read-only: prints what the registry in SPARKTUNE_HOME (or MLFLOW_TRACKING_URI) holds.
 models: venv
-	$(PY) -m sparktune.models_report --model-name '$(MODEL)'
+	$(PY) -m sparktune.release.models_report --model-name '$(MODEL)'
 
-# The docker-compose topology without Docker, all on 127.0.0.1 (sparktune_airflow/stack.py). Ports and
+# The docker-compose topology without Docker, all on 127.0.0.1 (sparktune_dev/stack.py). Ports and
 # the PostgreSQL server: SPARKTUNE_STACK_{AIRFLOW,MLFLOW,SPARK,SPARK_UI,SPARK_WORKER_UI}_PORT, SPARKTUNE_STACK_PG.
 stack: venv
-	$(PY) -m sparktune_airflow.stack up
+	$(PY) -m sparktune_dev.stack up
 
 stack-down: venv
-	$(PY) -m sparktune_airflow.stack down
+	$(PY) -m sparktune_dev.stack down
 
 stack-status: venv
-	$(PY) -m sparktune_airflow.stack status
+	$(PY) -m sparktune_dev.stack status
 
 # --durations=10: the slowest ten tests close the output, where a slower suite shows first.
 test: venv $(VENV)/.browser
@@ -169,7 +172,7 @@ format: venv
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
 airflow-ui: venv
-	eval "$$($(PY) -m sparktune_airflow.embedded env)" && PATH="$(VENV)/bin:$$PATH" AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True airflow standalone
+	eval "$$($(PY) -m sparktune_dev.embedded env)" && PATH="$(VENV)/bin:$$PATH" AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True airflow standalone
 
 mlflow-ui: venv
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(SPARKTUNE_HOME)/mlflow/mlflow.db --host 127.0.0.1 --port 5000

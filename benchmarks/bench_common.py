@@ -132,8 +132,8 @@ def tiny_champion(work: Path, model_name: str) -> tuple[str, str, Any]:
     sys.path[:0] = [str(root_dir / "tests" / "unit"), str(root_dir)]
     import tiny_model
     from mlflow.tracking import MlflowClient
-    from sparktune.registry import register_run_model
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
+    from sparktune.release.registry import register_run_model
 
     root = tiny_model.workspace(work)
     result = tiny_model.trained(root, "full")

@@ -5,7 +5,7 @@
     python benchmarks/bench_dag_parse.py --repeats 5 --top 15     # and the heaviest imports of each file
 
 Every measurement is a fresh ``python`` process in the environment the embedded runner gives
-(``sparktune_airflow.embedded.embedded_env`` over a temporary SPARKTUNE_HOME: the connections, the
+(``sparktune_dev.embedded.environment.embedded_env`` over a temporary SPARKTUNE_HOME: the connections, the
 OpenLineage transport, the DAGs folder). The process times ``import airflow.sdk``, then loads the
 DAG file as Airflow's DagBag does (``spec_from_file_location`` + ``exec_module``) and times that:
 the second figure is what the file adds over the SDK, i.e. the import time of the DAG file minus
@@ -84,7 +84,7 @@ def dag_files() -> list[Path]:
 
 def parse_env(home: Path) -> dict[str, str]:
     """The embedded runner's environment over a throwaway SPARKTUNE_HOME."""
-    from sparktune_airflow.embedded import embedded_env
+    from sparktune_dev.embedded.environment import embedded_env
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SPARKTUNE_"))}
     env = embedded_env(home, ROOT, base)

@@ -1,4 +1,4 @@
-"""Benchmark: rows/s of batch inference (``sparktune.inference.score_dataframe``) vs the seed way.
+"""Benchmark: rows/s of batch inference (``sparktune.serve.inference.score_dataframe``) vs the seed way.
 
     make bench-inference                       # 3,000 rows, local[2], 4 partitions
     BENCH_INFERENCE_ROWS=10000 make bench-inference
@@ -69,7 +69,7 @@ def sparktune_home() -> Path:
 def bench_champion(work: Path) -> tuple[Any, str]:
     """The tiny champion registered as ``MODEL_NAME`` under ``work``, resolved as batch inference
     resolves it, and the tiny model module that built it (its ``make_rows`` and ``LABELS``)."""
-    from sparktune.inference import resolve_model
+    from sparktune.serve.inference import resolve_model
 
     uri, _, tiny_model = tiny_champion(work, MODEL_NAME)
     return resolve_model(MODEL_NAME, "champion", uri, download_dir=work / "inference-models"), tiny_model
@@ -79,7 +79,7 @@ def _model_folder(ref: Any) -> str:
     """The Hugging Face folder (weights and tokenizer) inside the registered label pyfunc, where its
     MLmodel file says the ``model`` artifact is."""
     from mlflow.models import Model
-    from sparktune.label_pyfunc import MERGED_ARTIFACT
+    from sparktune.model.label_pyfunc import MERGED_ARTIFACT
 
     artifacts = Model.load(ref.local_path).flavors["python_function"]["artifacts"]
     return str(Path(ref.local_path) / artifacts[MERGED_ARTIFACT]["path"])
@@ -94,7 +94,7 @@ def _seed_way(df: Any, ref: Any, max_new_tokens: int) -> Any:
 
     def predict(frames: Any) -> Any:
         import pandas as pd
-        from sparktune.prepare import format_example
+        from sparktune.core.label_scoring import format_example
         from transformers import pipeline
 
         generator = pipeline("text-generation", model=model_dir, tokenizer=tokenizer_dir, device="cpu")
@@ -122,8 +122,8 @@ def _warm_workers(data: Any) -> None:
     project's scoring and prompt modules): later jobs reuse these workers, already warm."""
 
     def warm(frames: Any) -> Any:
-        import sparktune.inference  # noqa: F401
-        import sparktune.prepare  # noqa: F401
+        import sparktune.core.label_scoring  # noqa: F401
+        import sparktune.serve.inference  # noqa: F401
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     # Two Spark tasks on two cores: one torch thread per Python worker avoids oversubscription.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from pyspark.sql import SparkSession
-    from sparktune.inference import score_dataframe
+    from sparktune.serve.inference import score_dataframe
 
     out_dir = sparktune_home() / "bench"
     ref, tiny_model = bench_champion(out_dir / "inference")

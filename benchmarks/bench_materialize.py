@@ -9,7 +9,7 @@ The input at each size is one generated table (id, text of pseudo-random words, 
 labels, a token count), written once as Parquet under SPARKTUNE_HOME/bench/materialize (the
 form prepare_data leaves data in) and read back as ``spark.read.parquet`` by every method:
 
-- ``project``: ``sparktune.materialize`` as the DAG calls it on Parquet (labels encoded as a
+- ``project``: ``sparktune.data.materialize`` as the DAG calls it on Parquet (labels encoded as a
   ClassLabel, shards fsynced before publishing). On a ``local[...]`` master it writes the
   row-group units on threads of the driver process, since local executors are the same cores;
 - ``project_executors``: the same units forced onto Spark tasks (what a cluster master gets):
@@ -230,7 +230,7 @@ def run_method(method: str, source: Path, work: Path, master: str, driver_memory
     with PeakRss() as peak:
         started = time.perf_counter()
         if method.startswith("project"):
-            from sparktune.materialize import write_dataset_dict, write_dataset_dict_from_parquet
+            from sparktune.data.materialize import write_dataset_dict, write_dataset_dict_from_parquet
 
             # As the DAG calls it: the label names come from prepare_data's summary.
             options = {"data_fingerprint": "bench", "split_column": None, "label_names": sorted(LABELS)}

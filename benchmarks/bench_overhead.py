@@ -16,7 +16,7 @@ through the embedded runner, as ``make run`` runs it (``airflow dags test``, Spa
    whole wall time. It stops before any Spark job (``skip_unchanged_source``).
 3. **new training params**: the same files with another learning rate, as when a user tunes a
    recipe: it trains again, and ``prepare_data`` takes the prepared data the first run published
-   without a Spark job (``sparktune.prepare_reuse``). Its fixed cost is reported; no target.
+   without a Spark job (``sparktune.data.prepare_reuse``). Its fixed cost is reported; no target.
    ``BENCH_OVERHEAD_RETUNE=0`` leaves this run out.
 
 The targets are the issue's, in seconds on this 2-core machine: at most 25 s of fixed cost for a
@@ -57,14 +57,14 @@ def _home() -> Path:
 
 def _prepare_home(home: Path, rows: int) -> dict[str, str]:
     """A new home with the demo data, the built-in base model and a migrated Airflow database."""
-    from sparktune.base_model import ensure_base_model
-    from sparktune.config import TINY_BASE_MODEL, Settings
-    from sparktune_airflow.embedded import embedded_env, ensure_airflow_db
+    from sparktune.core.config import TINY_BASE_MODEL, Settings
+    from sparktune.model.base_model import ensure_base_model
+    from sparktune_dev.embedded.environment import embedded_env, ensure_airflow_db
 
     shutil.rmtree(home, ignore_errors=True)
     source = home / "data" / "support_tickets.jsonl"
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(rows), "--out", str(source)],
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(rows), "--out", str(source)],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -80,7 +80,7 @@ def _prepare_home(home: Path, rows: int) -> dict[str, str]:
 def _run(env: dict[str, str], conf: dict[str, Any], log: Path) -> tuple[float, int]:
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "sparktune_airflow.embedded", "run", "--dag", "llm_finetune"]
+        [sys.executable, "-m", "sparktune_dev.embedded", "run", "--dag", "llm_finetune"]
         + ["--conf", json.dumps(conf)],
         env=env,
         capture_output=True,

@@ -62,7 +62,7 @@ def parse_rows(text: str) -> list[int]:
 
 def dataset(data_dir: Path, rows: int) -> tuple[Path, float | None]:
     """The cached Parquet file of ``rows`` demo tickets, and the seconds spent writing it (None: cached)."""
-    from sparktune.demo_data import write_demo_dataset
+    from sparktune_dev.demo_data import write_demo_dataset
 
     path = data_dir / f"support_tickets_{rows}.parquet"
     if path.is_file():
@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-lake", action="store_true", help="keep the prepared data of each run")
     args = parser.parse_args(argv)
 
-    from sparktune.base_model import ensure_base_model
-    from sparktune.config import settings
+    from sparktune.core.config import settings
+    from sparktune.model.base_model import ensure_base_model
 
     home = settings().home
     bench_dir = home / "bench"

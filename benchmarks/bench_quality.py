@@ -4,7 +4,7 @@
     BENCH_QUALITY_DEMO_ROWS=2000 make bench-quality
     python benchmarks/bench_quality.py --datasets helpdesk_csv
 
-Two generated datasets of different shapes (``sparktune.demo_data``):
+Two generated datasets of different shapes (``sparktune_dev.demo_data``):
 
 - ``demo``: the demo support messages, JSON Lines, ``message`` / ``intent_label`` /
   ``quality_score``, 10 balanced intents, short texts, dirty rows (``BENCH_QUALITY_DEMO_ROWS``,
@@ -14,14 +14,15 @@ Two generated datasets of different shapes (``sparktune.demo_data``):
   near-duplicates, 3 % mislabelled (``BENCH_QUALITY_HELPDESK_ROWS``, default 2,500).
 
 For each, in this one process, the pipeline's own code, not the DAG: preparation
-(``sparktune.prepare.run_prepare``, the prepare_data job's function, on a ``local[2]`` Spark session
-here instead of spark-submit; no quality gate), the Arrow dataset (``sparktune.materialize``),
-training (``sparktune.training.train``), evaluation of the logged model on the test split
-(``sparktune.evaluation.evaluate_model``, as the evaluate task scores it) and of the baseline on
-the same rows (``sparktune.baseline``: TF-IDF + logistic regression fit on the train split).
-Training gets the DAG's DEFAULT params plus the column mapping only (``source_uri``,
-``text_column``, ``label_column``, ``quality_column``): the recipe is what a user who sets nothing
-gets, resolved from the base model by training itself (``sparktune.recipes``; the table names it).
+(``sparktune.data.prepare_publish.run_prepare``, the prepare_data job's function, on a ``local[2]``
+Spark session here instead of spark-submit; no quality gate), the Arrow dataset
+(``sparktune.data.materialize``), training (``sparktune.model.training.train``), evaluation of the
+logged model on the test split (``sparktune.release.evaluation.evaluate_model``, as the evaluate
+task scores it) and of the baseline on the same rows (``sparktune.release.baseline``: TF-IDF +
+logistic regression fit on the train split). Training gets the DAG's DEFAULT params plus the column
+mapping only (``source_uri``, ``text_column``, ``label_column``, ``quality_column``): the recipe is
+what a user who sets nothing gets, resolved from the base model by training itself
+(``sparktune.model.recipes``; the table names it).
 
 ``train_seconds`` is the trainer's own clock (``TrainResult.train_seconds``: the optimizer steps,
 not model loading, logging or verification; ``train_call_seconds`` has the whole ``train()``
@@ -82,7 +83,7 @@ def settings_home() -> Path:
 
 def write_source(name: str, folder: Path, rows: int) -> tuple[Path, dict[str, Any], str]:
     """(source file, the column mapping for it, a description) of dataset ``name``."""
-    from sparktune import demo_data
+    from sparktune_dev import demo_data
 
     if name == "demo":
         path = demo_data.write_demo_dataset(folder / "support_tickets.jsonl", rows, seed=DATA_SEED)
@@ -108,7 +109,7 @@ def write_source(name: str, folder: Path, rows: int) -> tuple[Path, dict[str, An
 def run_params(mapping: dict[str, Any]) -> dict[str, Any]:
     """The DAG's default params with the column mapping, validated as a DAG run's params are; the
     recipe fields stay unset, for training to fill from the base model."""
-    from sparktune.params import default_params, parse_params
+    from sparktune.core.params import default_params, parse_params
 
     return parse_params({**default_params(), **mapping}).to_dict()
 
@@ -119,7 +120,7 @@ def run_params(mapping: dict[str, Any]) -> dict[str, Any]:
 
 def start_spark() -> Any:
     from pyspark.sql import SparkSession
-    from sparktune.spark_jvm import short_job_conf
+    from sparktune.data.spark_jvm import short_job_conf
 
     # Spark's Python workers (the tokenizer UDF) must run this interpreter (DESIGN.md).
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -138,14 +139,14 @@ def start_spark() -> Any:
 
 
 def prepare(spark: Any, params: dict[str, Any], tokenizer: str, lake: Path) -> dict[str, Any]:
-    from sparktune.params import parse_params
-    from sparktune.prepare import run_prepare
+    from sparktune.core.params import parse_params
+    from sparktune.data.prepare_publish import run_prepare
 
     return run_prepare(spark, parse_params(params), tokenizer, str(lake))
 
 
 def materialize(spark: Any, summary: dict[str, Any], datasets_root: Path) -> Any:
-    from sparktune.materialize import converts_without_spark, materialize_dataset
+    from sparktune.data.materialize import converts_without_spark, materialize_dataset
 
     source = summary["prepared_uri"]
     # as the materialize task does: small Parquet is converted here, without Spark
@@ -159,7 +160,8 @@ def train_model(
     name: str, dataset_uri: str, base_model: str, params: dict[str, Any], work: Path, fingerprint: str
 ) -> tuple[Any, float]:
     """(TrainResult, wall seconds of the whole train() call)."""
-    from sparktune.training import TrainRequest, train
+    from sparktune.model.train_request import TrainRequest
+    from sparktune.model.training import train
 
     request = TrainRequest(
         dataset_path=dataset_uri,
@@ -183,8 +185,8 @@ def tracking_uri(work: Path) -> str:
 
 def evaluate_baseline_on(dataset_uri: str) -> tuple[Any, float, int]:
     """(EvalResult of the baseline on the test split, fit seconds, train rows)."""
-    from sparktune.baseline import evaluate_baseline, fit_predict
-    from sparktune.materialize import open_dataset
+    from sparktune.data.published_dataset import open_dataset
+    from sparktune.release.baseline import evaluate_baseline, fit_predict
 
     dataset = open_dataset(dataset_uri)
     train, test = dataset["train"], dataset["test"]
@@ -359,9 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wall_started = time.perf_counter()
     quiet_libraries()
-    from sparktune.base_model import ensure_base_model
-    from sparktune.comparison import paired_comparison
-    from sparktune.params import default_params
+    from sparktune.core.params import default_params
+    from sparktune.model.base_model import ensure_base_model
+    from sparktune.release.comparison import paired_comparison
 
     bench = settings_home() / "bench"
     out = Path(args.out) if args.out else bench / "quality.json"
@@ -439,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             print(f"[{name}] evaluate the fine-tuned model and the baseline ...", flush=True)
-            from sparktune.evaluation import evaluate_model
+            from sparktune.release.evaluation import evaluate_model
 
             model = evaluate_model(trained.model_uri, d["dataset_uri"], tracking_uri=tracking_uri(work))
             baseline, fit_seconds, n_train = evaluate_baseline_on(d["dataset_uri"])
@@ -484,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "datasets": datasets,
         "conditions": {
-            "params": "the DAG's defaults (sparktune.params.default_params) + the column mapping",
+            "params": "the DAG's defaults (sparktune.core.params.default_params) + the column mapping",
             "base_model": "tiny-llama",
             "task": args.task,
             "spark": "local[2], in process (run_prepare), no quality gate",

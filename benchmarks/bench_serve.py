@@ -7,7 +7,7 @@
 Both servers run side by side in this one run, on 127.0.0.1, serving the same registered version
 from the same throwaway SQLite registry (``$SPARKTUNE_HOME/bench/serve/``):
 
-- ``project``: ``python -m sparktune.serving`` with its defaults (micro-batching, the alias
+- ``project``: ``python -m sparktune.serve`` with its defaults (micro-batching, the alias
   followed, request capture ON into ``bench/serve/captures``);
 - ``mlflow_models_serve``: ``mlflow models serve -m models:/NAME/VERSION --env-manager local`` with
   its defaults (uvicorn, one worker process, each request predicted on its own in a thread);
@@ -76,7 +76,7 @@ def bench_model(work: Path) -> BenchModel:
     """The registered version both servers serve (``champion`` on it), in a registry under ``work``.
 
     A version the pipeline's training logged: the tiny test model (``tests/unit/tiny_model.py``,
-    the model bench-inference scores with) fully fine-tuned by :func:`sparktune.training.train` on
+    the model bench-inference scores with) fully fine-tuned by :func:`sparktune.model.training.train` on
     its four intents, logged as the label pyfunc every version is, and registered. To time another
     version, return its name, version and tracking URI here: the servers take nothing else.
     """
@@ -91,7 +91,7 @@ def bench_model(work: Path) -> BenchModel:
 
 
 def _texts(n: int) -> list[str]:
-    from sparktune.demo_data import generate_support_tickets
+    from sparktune.model.builtin_corpus import generate_support_tickets
 
     messages = generate_support_tickets(n * 2, seed=23).column("message").to_pylist()
     return [m for m in messages if m and m.strip()][:n]
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 sys.executable,
                 "-m",
-                "sparktune.serving",
+                "sparktune.serve",
                 f"--port={project_port}",
                 f"--model-name={model.name}",
                 f"--tracking-uri={model.tracking_uri}",

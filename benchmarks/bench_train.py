@@ -9,7 +9,7 @@ method, run one after the other in this one process (``--repeats`` alternates th
 
 - ``seed_recipe``: the baseline built here, TRL ``SFTTrainer`` with every batch padded to 512
   tokens (``max_length=512, pad_to_multiple_of=512``), batches drawn at random (no length grouping);
-- ``project``: ``sparktune.training.train(TrainRequest)`` with the pipeline's default batching
+- ``project``: ``sparktune.model.training.train(TrainRequest)`` with the pipeline's default batching
   (dynamic padding + length-grouped batches, ``packing=false``), its checkpoints and MLflow step
   logging included, as the DAG runs it;
 - ``project_packing``: the same with ``packing=true`` (best-fit decreasing, padding-free). A
@@ -75,13 +75,13 @@ def settings_home() -> Path:
 
 def ensure_base_model(folder: Path) -> Path:
     """The tiny LLaMA of the pipeline (built-in architecture, tokenizer and corpus), built once."""
-    from sparktune.base_model import (
+    from sparktune.model.base_model import (
         TINY_CORPUS_SEED,
         TINY_CORPUS_TEXTS,
         TINY_MODEL_SEED,
         build_tiny_base_model,
     )
-    from sparktune.demo_data import demo_corpus
+    from sparktune.model.builtin_corpus import demo_corpus
 
     if (folder / "config.json").is_file():
         return folder
@@ -92,9 +92,9 @@ def ensure_base_model(folder: Path) -> Path:
 
 def demo_rows(n: int) -> list[dict[str, str]]:
     """``n`` demo tickets filtered as prepare_data does by default, in the default prompt template."""
-    from sparktune.demo_data import generate_support_tickets
-    from sparktune.params import MISTRAL_INSTRUCT_TEMPLATE
-    from sparktune.prepare import format_example
+    from sparktune.core.label_scoring import format_example
+    from sparktune.core.params import MISTRAL_INSTRUCT_TEMPLATE
+    from sparktune.model.builtin_corpus import generate_support_tickets
 
     rows: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -160,7 +160,7 @@ def bench_params(steps: int, batch_size: int, **overrides: Any) -> dict[str, Any
     """The pipeline's default params with the benchmark's step count and batch size, and the seed
     recipe's adapters and rate set explicitly: both methods train the same weights, so tokens/s
     compare (left unset, the project's run would take the base model's recipe)."""
-    from sparktune.params import default_params
+    from sparktune.core.params import default_params
 
     params = default_params()
     params.update(
@@ -176,8 +176,9 @@ def bench_params(steps: int, batch_size: int, **overrides: Any) -> dict[str, Any
 
 
 def run_project(method: str, model_dir: Path, data_dir: Path, work: Path, params: dict[str, Any]) -> dict:
-    """``sparktune.training.train`` as the DAG calls it, on a fresh output folder and MLflow store."""
-    from sparktune.training import TrainRequest, train
+    """``sparktune.model.training.train`` as the DAG calls it, on a fresh output folder and MLflow store."""
+    from sparktune.model.train_request import TrainRequest
+    from sparktune.model.training import train
 
     output_dir = work / "runs" / method
     shutil.rmtree(output_dir, ignore_errors=True)  # no checkpoint to resume from
@@ -214,7 +215,7 @@ def run_seed_recipe(model_dir: Path, data_dir: Path, work: Path, params: dict[st
     import torch
     from datasets import load_from_disk
     from peft import LoraConfig
-    from sparktune.training import TokenCountingMixin
+    from sparktune.model.training_setup import TokenCountingMixin
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
     from trl import SFTConfig, SFTTrainer
 
@@ -317,7 +318,7 @@ def model_description(model_dir: Path) -> str:
 
 
 def packing_available() -> bool:
-    from sparktune.params import SPECS_BY_NAME
+    from sparktune.core.params import SPECS_BY_NAME
 
     return "packing" in SPECS_BY_NAME
 

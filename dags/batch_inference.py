@@ -16,11 +16,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.config import DEFAULT_MODEL_NAME, settings
-from sparktune_airflow.assets import champion_asset
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.feedback_operators import BatchInferenceOperator
-from sparktune_airflow.params import form_param
+from sparktune.core.dag_params import batch_inference_specs
+from sparktune_airflow import BatchInferenceOperator
+from sparktune_airflow.core.assets import champion_asset
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.params import form_params
 
 with DAG(
     dag_id="batch_inference",
@@ -30,60 +30,10 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["llm", "inference", "spark", "mlflow"],
-    params={
-        "source_uri": form_param(
-            str(settings().incoming_source_path),
-            type="string",
-            minLength=1,
-            description="Table name or path (Parquet, CSV, JSON Lines) of the texts to score.",
-        ),
-        "source_format": form_param(
-            "auto",
-            type="string",
-            enum=["auto", "parquet", "csv", "json", "table"],
-            description="How to read source_uri.",
-        ),
-        "text_column": form_param("message", type="string", minLength=1, description="Column with the text."),
-        "id_column": form_param(
-            "message_hash", type="string", minLength=1, description="Column identifying each row."
-        ),
-        "output_uri": form_param(
-            f"{settings().lake_uri}/predictions",
-            type="string",
-            minLength=1,
-            description="Parquet root of the predictions; each run writes <output_uri>/date=<day>.",
-        ),
-        "model_name": form_param(
-            DEFAULT_MODEL_NAME,
-            type="string",
-            minLength=1,
-            description="Registered model (a champion-alias event that triggers the run names its own).",
-        ),
-        "model_alias": form_param("champion", type="string", minLength=1, description="Alias to score with."),
-        "min_score": form_param(
-            0.0,
-            type="number",
-            minimum=0.0,
-            maximum=1.0,
-            description="Keep predictions whose confidence is at least this (0 keeps all).",
-        ),
-        "batch_size": form_param(
-            32, type="integer", minimum=1, maximum=4096, description="Texts per forward pass."
-        ),
-        "feedback_uri": form_param(
-            settings().feedback_uri,
-            type=["string", "null"],  # the form sends an emptied field as null: no feedback table
-            description="Feedback table that receives the scored rows for review; empty: none.",
-        ),
-        "trust_remote_code": form_param(
-            False,
-            type="boolean",
-            description="Let a model that ships its own Python code (config auto_map) load. Off: such a "
-            "model is refused. Turn on only for a model whose code you trust.",
-        ),
-    },
+    params=form_params(batch_inference_specs()),
     render_template_as_native_obj=True,
-    default_args=RETRY_DEFAULTS,
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
     BatchInferenceOperator(

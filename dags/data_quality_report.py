@@ -24,10 +24,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.quality import raw_rule_params
+from sparktune.data.quality_rules import raw_rule_params
 from sparktune_airflow import SparkQualityGateOperator
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.params import form_param, trigger_form_params
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.params import form_param, trigger_form_params
 
 with DAG(
     dag_id="data_quality_report",
@@ -49,11 +49,13 @@ with DAG(
         ),
     },
     render_template_as_native_obj=True,
-    default_args=RETRY_DEFAULTS,
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
     SparkQualityGateOperator(
         task_id="validate_source",
+        pipeline_params="{{ params }}",  # the form's source and rule params, as a dict
         fail_on_error="{{ params.fail_on_error }}",
         raw_suite_name="data_quality_report",
     )

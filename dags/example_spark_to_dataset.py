@@ -20,8 +20,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 from sparktune_airflow import MaterializeDatasetOperator, SparkQualityGateOperator
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.params import trigger_form_params
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.params import trigger_form_params
 
 COLUMNS = {"text_column": "message", "label_column": "intent_label"}
 
@@ -33,7 +33,8 @@ with DAG(
     catchup=False,
     tags=["example", "great-expectations", "spark", "datasets"],
     params=trigger_form_params(["source_uri"]),
-    default_args=RETRY_DEFAULTS,
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
     check_source = SparkQualityGateOperator(

@@ -3,8 +3,8 @@
 
 Labelled text in Spark (+ the feedback table's human corrections) -> quality gate -> Arrow
 dataset -> LoRA fine-tuning -> evaluation against the champion -> MLflow aliases `candidate` ->
-`staging` -> smoke test of `models:/NAME@staging` -> `champion` (an asset event that starts
-`batch_inference`).
+`staging` -> smoke test of `models:/NAME@staging` -> (with `approval=required`, a person's sign-off
+in Required Actions) -> `champion` (an asset event that starts `batch_inference`).
 
 Runs on a cron (`SPARKTUNE_RETRAIN_CRON`, default Mondays 03:00 UTC; `off` for none) and
 whenever the training source or feedback asset is updated. A run whose source files (before any
@@ -20,24 +20,28 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG, AssetOrTimeSchedule, CronTriggerTimetable
-from sparktune.config import settings
+from sparktune.core.config import settings
+from sparktune.core.notifications import PROMOTED
 from sparktune_airflow import (
+    ChampionApprovalOperator,
     EvaluateModelOperator,
     MaterializeDatasetOperator,
+    MergeFeedbackOperator,
     PrepareDataOperator,
     PromoteModelOperator,
     PromotionGateOperator,
     RegisterModelOperator,
     ResolveBaseModelOperator,
+    SkipUnchangedOperator,
     SmokeTestOperator,
     SparkQualityGateOperator,
     TrainModelOperator,
     ValidateParamsOperator,
 )
-from sparktune_airflow.assets import champion_asset, feedback_asset, training_source_asset
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.feedback_operators import MergeFeedbackOperator, SkipUnchangedOperator
-from sparktune_airflow.params import trigger_form_params
+from sparktune_airflow.core.assets import champion_asset, feedback_asset, training_source_asset
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.notify import PipelineNotifier
+from sparktune_airflow.core.params import trigger_form_params
 
 
 def _schedule():
@@ -54,6 +58,11 @@ def _xcom(task_id: str, key: str | None = None) -> str:
     return f"{{{{ ti.xcom_pull(task_ids='{task_id}'){item} }}}}"
 
 
+# Every operator gets the run's params explicitly (rendered natively: a dict), never from the
+# context on its own: the same operators in another DAG take only what that DAG passes them.
+RUN_PARAMS = "{{ params }}"
+
+
 with DAG(
     dag_id="llm_finetune",
     description="Fine-tune an LLM on labelled text from Spark and promote it through MLflow aliases",
@@ -64,10 +73,11 @@ with DAG(
     tags=["llm", "fine-tuning", "spark", "mlflow", "great-expectations"],
     params=trigger_form_params(),
     render_template_as_native_obj=True,
-    default_args=RETRY_DEFAULTS,
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
-    validate_params = ValidateParamsOperator(task_id="validate_params")
+    validate_params = ValidateParamsOperator(task_id="validate_params", pipeline_params=RUN_PARAMS)
 
     resolve_base_model = ResolveBaseModelOperator(
         task_id="resolve_base_model",
@@ -75,17 +85,19 @@ with DAG(
         trust_remote_code="{{ params.trust_remote_code }}",
     )
 
-    merge_feedback = MergeFeedbackOperator(task_id="merge_feedback")
+    merge_feedback = MergeFeedbackOperator(task_id="merge_feedback", pipeline_params=RUN_PARAMS)
 
     # Before any Spark job: the source files (path, size, modification time) the champion trained on.
     skip_unchanged_source = SkipUnchangedOperator(
         task_id="skip_unchanged_source",
+        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
         source_uri=_xcom("merge_feedback", "source_uri"),
     )
 
     prepare_data = PrepareDataOperator(
         task_id="prepare_data",
+        pipeline_params=RUN_PARAMS,
         tokenizer=_xcom("resolve_base_model"),
         source_uri=_xcom("merge_feedback", "source_uri"),
         source_format=_xcom("merge_feedback", "source_format"),
@@ -96,12 +108,14 @@ with DAG(
     # After it: the prepared rows' content, for a source rewritten with the same rows.
     skip_unchanged = SkipUnchangedOperator(
         task_id="skip_unchanged",
+        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
         data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
     )
 
     validate_data = SparkQualityGateOperator(
         task_id="validate_data",
+        pipeline_params=RUN_PARAMS,
         prepared_uri=_xcom("prepare_data", "prepared_uri"),
         source_uri=_xcom("prepare_data", "source_uri"),
         # None when prepare_data reused published data: then the gate runs here, on Spark.
@@ -119,6 +133,7 @@ with DAG(
 
     train = TrainModelOperator(
         task_id="train",
+        pipeline_params=RUN_PARAMS,
         dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
         base_model=_xcom("resolve_base_model"),
         data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
@@ -149,6 +164,7 @@ with DAG(
 
     evaluate = EvaluateModelOperator(
         task_id="evaluate",
+        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
         version=_xcom("register", "version"),
         dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
@@ -156,7 +172,10 @@ with DAG(
     )
 
     gate = PromotionGateOperator(
-        task_id="gate", evaluation=_xcom("evaluate"), run_id=_xcom("train", "mlflow_run_id")
+        task_id="gate",
+        pipeline_params=RUN_PARAMS,
+        evaluation=_xcom("evaluate"),
+        run_id=_xcom("train", "mlflow_run_id"),
     )
 
     promote_staging = PromoteModelOperator(
@@ -169,10 +188,25 @@ with DAG(
 
     smoke_test = SmokeTestOperator(
         task_id="smoke_test",
+        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
         version=_xcom("register", "version"),
         dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
         run_id=_xcom("train", "mlflow_run_id"),
+    )
+
+    # approval=required: a person signs off in the UI (Required Actions) first; none: passes at once.
+    approve_champion = ChampionApprovalOperator(
+        task_id="approve_champion",
+        pipeline_params=RUN_PARAMS,
+        model_name="{{ params.model_name }}",
+        version=_xcom("register", "version"),
+        evaluation=_xcom("evaluate"),
+        gate_decision=_xcom("gate"),
+        smoke=_xcom("smoke_test"),
+        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+        run_id=_xcom("train", "mlflow_run_id"),
+        quality=_xcom("validate_data"),
     )
 
     promote_champion = PromoteModelOperator(
@@ -183,6 +217,7 @@ with DAG(
         expected_champion=_xcom("gate", "champion_version"),
         gate_decision=_xcom("gate"),
         outlets=[champion_asset()],
+        on_success_callback=PipelineNotifier(PROMOTED),
     )
 
     (
@@ -200,5 +235,6 @@ with DAG(
         >> gate
         >> promote_staging
         >> smoke_test
+        >> approve_champion
         >> promote_champion
     )

@@ -17,11 +17,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.config import DEFAULT_MODEL_NAME
-from sparktune_airflow.assets import feedback_asset
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.feedback_operators import RecordCorrectionsOperator
-from sparktune_airflow.params import form_param
+from sparktune.core.dag_params import record_corrections_specs
+from sparktune_airflow import RecordCorrectionsOperator
+from sparktune_airflow.core.assets import feedback_asset
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.params import form_params
 
 with DAG(
     dag_id="record_corrections",
@@ -30,20 +30,9 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["llm", "feedback", "spark"],
-    params={
-        "corrections_uri": form_param(
-            type="string",
-            minLength=1,
-            description="Path of the corrections (Parquet, CSV or JSON Lines) with columns id and label.",
-        ),
-        "model_name": form_param(
-            DEFAULT_MODEL_NAME,
-            type="string",
-            minLength=1,
-            description="Model whose champion's labels the corrections use.",
-        ),
-    },
-    default_args=RETRY_DEFAULTS,
+    params=form_params(record_corrections_specs()),
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
     RecordCorrectionsOperator(

@@ -11,6 +11,9 @@ Moves the MLflow alias `champion` of a registered model back to an earlier versi
   DAG run as the actor, the time, from and to versions and your `reason`; `make models` prints it.
 - An impossible request (no champion, no previous champion, unknown version, version already
   champion) fails at once, without retries, and says what to pass instead.
+- `to_version` naming a champion someone set by hand in MLflow (the audit log says otherwise)
+  records it as meant (kind `adopted`, your `reason`) and moves nothing: `champion_guard` then
+  stops reporting it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.config import DEFAULT_MODEL_NAME
+from sparktune.core.dag_params import rollback_specs
+from sparktune.core.notifications import ROLLED_BACK
 from sparktune_airflow import RollbackChampionOperator
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.params import form_param
+from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
+from sparktune_airflow.core.notify import PipelineNotifier
+from sparktune_airflow.core.params import form_params
 
 with DAG(
     dag_id="rollback_champion",
@@ -31,32 +36,9 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["mlflow", "registry", "rollback"],
-    params={
-        "model_name": form_param(
-            DEFAULT_MODEL_NAME,
-            type="string",
-            minLength=1,
-            title="model_name",
-            description="Registered model name in MLflow whose champion to roll back.",
-        ),
-        # Optional fields are nullable: the trigger form sends an emptied field as null.
-        "to_version": form_param(
-            "",
-            type=["string", "null"],
-            pattern=r"^\s*[0-9]*\s*$",
-            title="to_version",
-            description="Version number to make champion. Empty: the version the previous_champion "
-            "alias points at.",
-        ),
-        "reason": form_param(
-            "",
-            type=["string", "null"],
-            title="reason",
-            description="Why you roll back; recorded in the audit log. Empty: 'rollback requested by' "
-            "this DAG run.",
-        ),
-    },
-    default_args=RETRY_DEFAULTS,
+    params=form_params(rollback_specs()),
+    default_args=task_defaults(),
+    deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
     RollbackChampionOperator(
@@ -64,4 +46,5 @@ with DAG(
         model_name="{{ params.model_name }}",
         to_version="{{ params.to_version or '' }}",
         reason="{{ params.reason or '' }}",
+        on_success_callback=PipelineNotifier(ROLLED_BACK),
     )

@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sparktune_airflow.params import SCHEMA_DIALECT
+from sparktune_airflow.core.params import SCHEMA_DIALECT
 
 DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 DAG_FILES = sorted(p for p in DAGS_DIR.glob("*.py") if not p.name.startswith("_"))
@@ -58,6 +58,48 @@ def test_every_task_retries_with_exponential_backoff(dagbag):
             )
 
 
+def _notifier_events(callbacks) -> list[str]:
+    from sparktune_airflow.core.notify import PipelineNotifier
+
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    return [c.event for c in callbacks if isinstance(c, PipelineNotifier)]
+
+
+def test_every_task_has_a_time_limit_and_tells_the_team_when_it_fails_for_good(dagbag):
+    from sparktune_airflow.core.dag_defaults import DEFAULT_TASK_TIMEOUT_MINUTES
+
+    for dag_id, dag in dagbag.dags.items():
+        for task in dag.tasks:
+            where = f"{dag_id}.{task.task_id}"
+            assert task.execution_timeout == timedelta(minutes=DEFAULT_TASK_TIMEOUT_MINUTES), where
+            assert _notifier_events(task.on_failure_callback) == ["task_failed"], where
+
+
+def test_every_run_has_a_deadline_that_notifies_when_it_is_overdue(dagbag):
+    from airflow.sdk import DeadlineReference, SyncCallback
+    from sparktune_airflow.core.dag_defaults import DEFAULT_RUN_DEADLINE_MINUTES
+
+    for dag_id, dag in dagbag.dags.items():
+        alerts = dag.deadline if isinstance(dag.deadline, list) else [dag.deadline]
+        assert len(alerts) == 1, dag_id
+        alert = alerts[0]
+        assert alert.reference == DeadlineReference.DAGRUN_QUEUED_AT, dag_id
+        assert alert.interval == timedelta(minutes=DEFAULT_RUN_DEADLINE_MINUTES), dag_id
+        assert isinstance(alert.callback, SyncCallback), dag_id
+        assert alert.callback.path == "sparktune_airflow.core.notify.PipelineNotifier", dag_id
+        assert alert.callback.kwargs == {"event": "run_overdue"}, dag_id
+
+
+def test_promotion_and_rollback_tell_the_team(dagbag):
+    finetune = dagbag.dags["llm_finetune"]
+    assert _notifier_events(finetune.get_task("promote_champion").on_success_callback) == ["promoted"]
+    assert _notifier_events(finetune.get_task("promote_staging").on_success_callback) == []
+    rollback = dagbag.dags["rollback_champion"].get_task("rollback_champion")
+    assert _notifier_events(rollback.on_success_callback) == ["rolled_back"]
+    approval = finetune.get_task("approve_champion")
+    assert [n.event for n in approval.notifiers] == ["approval_waiting"]
+
+
 def test_llm_finetune_order(dagbag):
     dag = dagbag.dags["llm_finetune"]
     order = [
@@ -75,6 +117,7 @@ def test_llm_finetune_order(dagbag):
         "gate",
         "promote_staging",
         "smoke_test",
+        "approve_champion",
         "promote_champion",
     ]
     for upstream, downstream in zip(order, order[1:], strict=False):
@@ -83,16 +126,16 @@ def test_llm_finetune_order(dagbag):
 
 
 def test_the_embedded_runner_reads_the_decision_of_llm_finetunes_gate_task(dagbag):
-    # make run exits 3 on a blocked gate by reading this task's XCom (sparktune_airflow.embedded).
-    from sparktune_airflow.embedded import GATE_TASK_ID
-    from sparktune_airflow.operators import PromotionGateOperator
+    # make run exits 3 on a blocked gate by reading this task's XCom (sparktune_dev.embedded.run_record).
+    from sparktune_airflow import PromotionGateOperator
+    from sparktune_dev.embedded.run_record import GATE_TASK_ID
 
     assert isinstance(dagbag.dags["llm_finetune"].get_task(GATE_TASK_ID), PromotionGateOperator)
 
 
 def test_the_dags_form_a_loop_through_assets(dagbag):
     from airflow.sdk import AssetOrTimeSchedule
-    from sparktune_airflow.assets import champion_asset, feedback_asset, training_source_asset
+    from sparktune_airflow.core.assets import champion_asset, feedback_asset, training_source_asset
 
     finetune = dagbag.dags["llm_finetune"]
     # Retrains on its cron, and when new training data or corrections land.
@@ -135,7 +178,7 @@ def test_params_are_flat_typed_and_described(dagbag):
             schema = param.schema
             kind, nullable = _form_type(schema)
             assert param.description, f"{where} has no description"
-            # Serializing a DAG validates every param of every task (sparktune_airflow.params).
+            # Serializing a DAG validates every param of every task (sparktune_airflow.core.params).
             assert schema.get("$schema") == SCHEMA_DIALECT, (
                 f"{where} is checked against the slow default dialect"
             )
@@ -146,7 +189,7 @@ def test_params_are_flat_typed_and_described(dagbag):
                 param.resolve()  # the default passes its own schema (raises otherwise)
             if kind in ("integer", "number"):
                 assert "minimum" in schema and "maximum" in schema, f"{where} has no bounds"
-                # None: a training-recipe number left to the base model (sparktune.recipes).
+                # None: a training-recipe number left to the base model (sparktune.model.recipes).
                 if param.value is not None:
                     assert schema["minimum"] <= param.value <= schema["maximum"], where
                 else:
@@ -170,3 +213,13 @@ def test_dag_file_imports_nothing_heavy(dag_file):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_champion_guard_runs_hourly_and_checks_every_model_by_default(dagbag):
+    from sparktune_airflow import ChampionGuardOperator
+
+    guard = dagbag.dags["champion_guard"]
+    assert guard.timetable.expression == "17 * * * *"
+    (task,) = guard.tasks
+    assert isinstance(task, ChampionGuardOperator)
+    assert guard.params["model_name"] == ""

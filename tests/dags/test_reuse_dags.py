@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from sparktune.quality import raw_rule_params
+from sparktune.data.quality_rules import raw_rule_params
 from sparktune_airflow import MaterializeDatasetOperator, SparkQualityGateOperator
-from sparktune_airflow.params import trigger_form_params
+from sparktune_airflow.core.params import trigger_form_params
 
 DAGS_DIR = Path(__file__).resolve().parents[2] / "dags"
 
@@ -53,4 +53,4 @@ def test_example_checks_the_source_before_writing_a_dataset_from_what_was_checke
     assert type(check) is SparkQualityGateOperator and type(to_arrow) is MaterializeDatasetOperator
     assert to_arrow.upstream_task_ids == {"check_source"}
     assert "xcom_pull(task_ids='check_source')['source_uri']" in to_arrow.source
-    assert to_arrow.label_column == check.op_kwargs["pipeline_params_value"]["label_column"]
+    assert to_arrow.label_column == check.pipeline_params["label_column"]

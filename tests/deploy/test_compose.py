@@ -235,11 +235,11 @@ def test_mlflow_server_options_exist(services):
 
 
 def test_the_serving_service_runs_make_serves_server_against_the_compose_mlflow(services):
-    from sparktune.serving.__main__ import build_parser
-    from sparktune.serving.settings import ServingSettings
+    from sparktune.serve.__main__ import build_parser
+    from sparktune.serve.settings import ServingSettings
 
     svc = services["serving"]
-    assert svc["entrypoint"] == ["python", "-m", "sparktune.serving"], svc["entrypoint"]
+    assert svc["entrypoint"] == ["python", "-m", "sparktune.serve"], svc["entrypoint"]
     args = build_parser(ServingSettings()).parse_args(svc["command"])  # an unknown flag exits here
     assert args.tracking_uri == env_of(services["airflow-scheduler"])["MLFLOW_TRACKING_URI"]
     assert svc["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
@@ -453,7 +453,9 @@ def test_every_file_the_dockerfile_copies_exists():
     missing = [src for src, _ in dockerfile_copies() if not (ROOT / src).exists()]
     assert not missing, f"the Dockerfile copies files that do not exist: {missing}"
     dests = dict(dockerfile_copies())
-    assert dests["dags"] == "/opt/airflow/dags" and dests["plugins"] == "/opt/airflow/plugins", dests
+    assert dests["dags"] == "/opt/airflow/dags", dests
+    # Both packages are under include/ (the project layout); tools/ is the repository's, not the image's.
+    assert dests["include"] == "/opt/sparktune/include" and "tools" not in dests, dests
 
 
 def test_the_dockerfile_installs_the_lock_and_the_project_packages():

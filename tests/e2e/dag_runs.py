@@ -1,6 +1,6 @@
 """Run one DAG with `airflow dags test` on embedded defaults in a SPARKTUNE_HOME of a test's own.
 
-Goes through `python -m sparktune_airflow.embedded run`, as `make run` does; the output is kept
+Goes through `python -m sparktune_dev.embedded run`, as `make run` does; the output is kept
 beside the state as `dags-test-<n>.log` for a failing test to be read afterwards.
 """
 
@@ -19,7 +19,7 @@ SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
 def run_dag(home: Path, dag: str, conf: dict, *, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in SESSION_ONLY}
     env["SPARKTUNE_HOME"] = str(home)
-    command = [sys.executable, "-m", "sparktune_airflow.embedded", "run", "--dag", dag]
+    command = [sys.executable, "-m", "sparktune_dev.embedded", "run", "--dag", dag]
     result = subprocess.run(
         [*command, "--conf", json.dumps(conf)], env=env, capture_output=True, text=True, timeout=timeout
     )

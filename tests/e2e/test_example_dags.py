@@ -35,7 +35,15 @@ def home(tmp_path_factory) -> Path:
     """A SPARKTUNE_HOME whose demo source (what an empty source_uri means) holds ROWS generated rows."""
     home = tmp_path_factory.mktemp("reuse-home")
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(ROWS), "--out", str(_demo_source(home))],
+        [
+            sys.executable,
+            "-m",
+            "sparktune_dev.demo_data",
+            "--rows",
+            str(ROWS),
+            "--out",
+            str(_demo_source(home)),
+        ],
         check=True,
     )
     return home

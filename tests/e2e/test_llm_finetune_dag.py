@@ -47,7 +47,7 @@ def home(tmp_path_factory, install_base_model) -> Path:
         [
             sys.executable,
             "-m",
-            "sparktune.demo_data",
+            "sparktune_dev.demo_data",
             "--rows",
             str(DEMO_ROWS),
             "--out",
@@ -62,7 +62,7 @@ def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.Com
     env = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
     env["SPARKTUNE_HOME"] = str(home)
     result = subprocess.run(
-        [sys.executable, "-m", "sparktune_airflow.embedded", "run", "--dag", dag, "--conf", json.dumps(conf)],
+        [sys.executable, "-m", "sparktune_dev.embedded", "run", "--dag", dag, "--conf", json.dumps(conf)],
         env=env,
         capture_output=True,
         text=True,
@@ -89,7 +89,7 @@ def happy_run(home):
 
 def test_the_airflow_database_is_migrated_once_and_stamped_with_its_schema(home, happy_run):
     # run_dag skips `airflow db migrate` (about 5 s a run) while this stamp matches the database.
-    from sparktune_airflow.embedded import MIGRATED_STAMP
+    from sparktune_dev.embedded.environment import MIGRATED_STAMP
 
     [(revision,)] = _airflow_db(home, "select version_num from alembic_version")
     stamp = (home / "airflow" / MIGRATED_STAMP).read_text()
@@ -114,7 +114,7 @@ def test_run_ends_with_a_champion_with_metrics(home, happy_run):
     # model is as good as the cheap baseline scored on the same test rows.
     assert run.data.params["recipe"] == "built-in-causal-lm"
     assert run.data.params["recipe_set_by_user"] == "(none)"
-    assert run.data.params["learning_rate"] == "0.002"
+    assert run.data.params["learning_rate"] == "0.003"
     assert run.data.metrics["eval_accuracy"] >= run.data.metrics["baseline_accuracy"] - 0.05
     assert run.data.tags["sparktune.gate.decision"] == "promote"
     fingerprint = run.data.tags["sparktune.data_fingerprint"]
@@ -131,7 +131,7 @@ def test_run_ends_with_a_champion_with_metrics(home, happy_run):
     assert float(champion.tags["smoke_latency_p50_ms"]) > 0
     assert champion.tags["code_version"] == run.data.tags["sparktune.code_version"]
     assert len(json.loads(champion.tags["labels"])) == 10  # the demo data's intents, in label order
-    from sparktune.registry import audit_log
+    from sparktune.release.registry import audit_log
 
     [promotion] = [m for m in audit_log(client, "support-intent") if m["alias"] == "champion"]
     assert promotion["reason"].startswith("passed the gate (enabled)")
@@ -249,7 +249,7 @@ def test_the_serving_endpoint_answers_what_evaluation_scored_and_captures_it(hom
     log = home / "serving.log"
     with log.open("w") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "sparktune.serving", f"--port={port}", f"--capture-uri={captures}"]
+            [sys.executable, "-m", "sparktune.serve", f"--port={port}", f"--capture-uri={captures}"]
             + [f"--tracking-uri=sqlite:///{home / 'mlflow' / 'mlflow.db'}"],
             env=env,
             stdout=out,
@@ -337,7 +337,7 @@ def first_scoring(home, evaluated_test_split) -> Path:
     test split's rows must get what evaluation scored (one prediction path)."""
     incoming = home / "data" / "incoming_tickets.jsonl"  # the DAG's default source
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11"]
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11"]
         + ["--out", str(incoming)],
         check=True,
     )

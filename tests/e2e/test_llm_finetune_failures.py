@@ -23,8 +23,10 @@ import pytest
 
 try:
     from tests.e2e.dag_runs import output_tail, run_dag
+    from tests.receivers import SmtpReceiver, WebhookReceiver, body_text, connection_env
 except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
     from dag_runs import output_tail, run_dag
+    from receivers import SmtpReceiver, WebhookReceiver, body_text, connection_env
 
 pytestmark = pytest.mark.e2e
 
@@ -33,11 +35,22 @@ MODEL = "support-intent"
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory, install_base_model) -> Path:
+def receivers():
+    """A mailbox and a webhook that every run of this module notifies, through the connections
+    `sparktune_smtp` and `sparktune_webhook` its DAG runs inherit from the environment."""
+    with SmtpReceiver() as smtp, WebhookReceiver() as webhook, pytest.MonkeyPatch.context() as patch:
+        for name, value in connection_env(smtp, webhook).items():
+            patch.setenv(name, value)
+        yield smtp, webhook
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, install_base_model, receivers) -> Path:
     home = tmp_path_factory.mktemp("e2e-failures")
     source = home / "data" / "support_tickets.jsonl"  # the DAG's default source
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(ROWS), "--out", str(source)], check=True
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(ROWS), "--out", str(source)],
+        check=True,
     )
     install_base_model(home)
     return home
@@ -59,12 +72,14 @@ def test_out_of_range_param_is_refused_before_the_run_starts(home):
     assert "lora_r" in result.stdout + result.stderr
 
 
-def test_the_readme_example_trains_a_model_as_good_as_the_baseline_and_promotes_it(home):
+def test_the_readme_example_trains_a_model_as_good_as_the_baseline_and_promotes_it(home, receivers):
     """The README's `make run` example on a user's kind of export: columns body and category, a BOM,
     CRLF line ends, quoted newlines, 12 imbalanced categories, duplicates and near-duplicates. The
     conf sets no training param: the recipe comes from the built-in base model."""
     tickets = home / "data" / "tickets.csv"
-    subprocess.run([sys.executable, "-m", "sparktune.demo_data", "--tickets-csv", str(tickets)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--tickets-csv", str(tickets)], check=True
+    )
     conf = {"source_uri": str(tickets), "text_column": "body", "label_column": "category"}
     result = run_dag(home, "llm_finetune", conf)
     assert result.returncode == 0, output_tail(result)
@@ -76,10 +91,18 @@ def test_the_readme_example_trains_a_model_as_good_as_the_baseline_and_promotes_
     assert metrics["eval_accuracy"] >= metrics["baseline_accuracy"] - 0.05, metrics
     assert "min_margin_over_baseline: pass" in run.data.tags["sparktune.gate.reasons"]
     assert len(json.loads(champion.tags["labels"])) == 12
+    # The team hears of the promotion: by mail and on the webhook, with the run's link.
+    smtp, webhook = receivers
+    payload = webhook.wait_for(lambda p: p["event"] == "promoted")
+    assert payload["summary"] == f"{MODEL} @champion is now v{champion.version} (there was none): promoted."
+    assert payload["task_id"] == "promote_champion" and "/dags/llm_finetune/runs/" in payload["url"]
+    mail = smtp.wait_for(lambda m: m["X-Sparktune-Event"] == "promoted")
+    assert mail["Subject"] == f"[sparktune] {MODEL} champion promoted to v{champion.version}"
+    assert not [p for p in webhook.payloads if p["event"] == "task_failed"]  # nothing failed for good
 
 
 def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
-    from sparktune.registry import audit_log
+    from sparktune.release.registry import audit_log
 
     client = _client(home)
     first_champion = client.get_model_version_by_alias(MODEL, "champion")
@@ -128,7 +151,7 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
         assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
 
 
-def test_bad_data_fails_the_run_before_training(home):
+def test_bad_data_fails_the_run_before_training(home, receivers):
     """After the runs above: prepare_data takes their prepared data, whose quality report was made
     under other rules (min_train_rows), so validate_data validates it again, on Spark, and fails."""
     versions = len(_versions(home))
@@ -144,3 +167,12 @@ def test_bad_data_fails_the_run_before_training(home):
     assert "  Data quality gate failed" in "\n".join(summary) and summary[-1].startswith("  log: "), summary
     assert "Data quality gate failed" in Path(summary[-1].removeprefix("  log: ")).read_text()
     assert len(_versions(home)) == versions  # nothing registered
+    # The team is told which task failed, why (the error's first line) and where to look.
+    smtp, webhook = receivers
+    payload = webhook.wait_for(lambda p: p["event"] == "task_failed")
+    assert payload["task_id"] == "validate_data" and payload["dag_id"] == "llm_finetune"
+    assert payload["error"].startswith("Data quality gate failed"), payload
+    assert payload["url"].endswith("/tasks/validate_data")
+    mail = smtp.wait_for(lambda m: m["X-Sparktune-Event"] == "task_failed")
+    assert mail["Subject"] == "[sparktune] llm_finetune: validate_data failed"
+    assert "Error: Data quality gate failed" in body_text(mail)

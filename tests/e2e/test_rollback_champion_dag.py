@@ -32,7 +32,7 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def run_dag(home: Path, conf: dict) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "sparktune_airflow.embedded", "run", "--dag", "rollback_champion"]
+    command = [sys.executable, "-m", "sparktune_dev.embedded", "run", "--dag", "rollback_champion"]
     result = subprocess.run(
         [*command, "--conf", json.dumps(conf)],
         env=_env(home),
@@ -49,8 +49,8 @@ def registry(tmp_path_factory):
     """A SPARKTUNE_HOME whose registry has v1 and v2 of MODEL, v2 champion and v1 previous_champion."""
     import mlflow
     from mlflow.tracking import MlflowClient
-    from sparktune.config import Settings
-    from sparktune.registry import CHAMPION, move_alias, register_run_model
+    from sparktune.core.config import Settings
+    from sparktune.release.registry import CHAMPION, move_alias, register_run_model
 
     class Echo(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
@@ -77,7 +77,7 @@ def registry(tmp_path_factory):
 
 
 def test_rollback_dag_restores_the_previous_champion_and_audits_the_run(registry):
-    from sparktune.registry import CHAMPION, PREVIOUS_CHAMPION, alias_version, audit_log
+    from sparktune.release.registry import CHAMPION, PREVIOUS_CHAMPION, alias_version, audit_log
 
     home, client = registry
     result = run_dag(home, {"model_name": MODEL, "reason": "v2 misroutes refunds"})
@@ -99,7 +99,7 @@ def test_rollback_dag_restores_the_previous_champion_and_audits_the_run(registry
 
     # make models shows the rollback, with this DAG run as the actor.
     report = subprocess.run(
-        [sys.executable, "-m", "sparktune.models_report", "--model-name", MODEL],
+        [sys.executable, "-m", "sparktune.release.models_report", "--model-name", MODEL],
         env=_env(home),
         capture_output=True,
         text=True,
@@ -110,7 +110,7 @@ def test_rollback_dag_restores_the_previous_champion_and_audits_the_run(registry
 
 
 def test_rollback_to_an_unknown_version_fails_at_once_and_moves_nothing(registry):
-    from sparktune.registry import CHAMPION, alias_version, audit_log
+    from sparktune.release.registry import CHAMPION, alias_version, audit_log
 
     home, client = registry
     champion_before, moves_before = alias_version(client, MODEL, CHAMPION), len(audit_log(client, MODEL))

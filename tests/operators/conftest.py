@@ -32,7 +32,7 @@ def standalone_cluster(tmp_path_factory):
     logs), ``worker_pid`` (the Worker JVM: the executors it launches are its children) and
     ``work_dir`` (the Worker's ``--work-dir``: one folder per application and executor).
     """
-    from sparktune_airflow.stack import StackConfig, spark_commands, spark_home
+    from sparktune_dev.stack import StackConfig, spark_commands, spark_home
 
     logs = tmp_path_factory.mktemp("spark-cluster")
     config = StackConfig(

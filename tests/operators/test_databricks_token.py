@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sparktune_airflow.embedded import embedded_env
+from sparktune_dev.embedded.environment import embedded_env
 
 try:
     from tests.e2e.dag_runs import SESSION_ONLY
@@ -44,9 +44,9 @@ DAG_ID = "databricks_token_probe"
 CONF = FAST  # a few LoRA steps of the tiny model, train_backend=databricks
 DAG_FILE = """
 from airflow.sdk import DAG
-from sparktune_airflow.dag_defaults import RETRY_DEFAULTS
-from sparktune_airflow.operators import TrainModelOperator
-from sparktune_airflow.params import trigger_form_params
+from sparktune_airflow.core.dag_defaults import RETRY_DEFAULTS
+from sparktune_airflow import TrainModelOperator
+from sparktune_airflow.core.params import trigger_form_params
 
 with DAG(
     {dag_id!r},
@@ -62,6 +62,7 @@ with DAG(
         dataset_uri="{{{{ '{dataset}' }}}}",
         base_model={base_model!r},
         data_fingerprint="fp-tiny",
+        pipeline_params="{{{{ params }}}}",  # the run's conf: train_backend=databricks
         deferrable=True,
         polling_period_seconds=1,
     )

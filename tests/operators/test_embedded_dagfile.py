@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparktune_airflow.embedded import PROJECT_ROOT, dagfile_args
+from sparktune_dev.embedded.environment import PROJECT_ROOT
+from sparktune_dev.embedded.runner import dagfile_args
 
 
 def test_every_project_dag_is_run_from_its_own_file():

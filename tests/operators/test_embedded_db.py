@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sparktune_airflow import embedded
+from sparktune_dev.embedded import airflow_cli, environment
 
 try:
     from tests.e2e.dag_runs import SESSION_ONLY
@@ -23,7 +23,7 @@ except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.
 
 def _env(home: Path) -> dict[str, str]:
     """What ``make run`` gives Airflow for ``home`` (the test session's own AIRFLOW_HOME left out)."""
-    return embedded.embedded_env(home, base={k: v for k, v in os.environ.items() if k not in SESSION_ONLY})
+    return environment.embedded_env(home, base={k: v for k, v in os.environ.items() if k not in SESSION_ONLY})
 
 
 def _set_revision(db: Path, revision: str) -> None:
@@ -49,47 +49,47 @@ class _AirflowCli:
 @pytest.fixture()
 def home(tmp_path, monkeypatch):
     cli = _AirflowCli(tmp_path / "airflow")
-    monkeypatch.setattr(embedded, "_airflow", cli)
+    monkeypatch.setattr(airflow_cli, "run_airflow", cli)
     return tmp_path, _env(tmp_path), cli
 
 
 def test_a_migrated_database_is_not_migrated_again(home):
     root, env, cli = home
-    embedded.ensure_airflow_db(env)
-    stamp = root / "airflow" / embedded.MIGRATED_STAMP
+    environment.ensure_airflow_db(env)
+    stamp = root / "airflow" / environment.MIGRATED_STAMP
     assert stamp.read_text().startswith("apache-airflow ")
     assert stamp.read_text().endswith(" schema 29ce7909c52b")
-    embedded.ensure_airflow_db(env)
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert cli.calls == [["db", "migrate"]]
 
 
 def test_another_schema_airflow_version_or_database_migrates_again(home):
     root, env, cli = home
-    embedded.ensure_airflow_db(env)
-    db, stamp = root / "airflow" / "airflow.db", root / "airflow" / embedded.MIGRATED_STAMP
+    environment.ensure_airflow_db(env)
+    db, stamp = root / "airflow" / "airflow.db", root / "airflow" / environment.MIGRATED_STAMP
     _set_revision(db, "0000older000")  # the database was replaced by an older one
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 2
     # Airflow upgraded since:
     stamp.write_text(stamp.read_text().replace("apache-airflow ", "apache-airflow 0.0.1-"))
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 3
     stamp.unlink()  # a migration that did not finish writes no stamp
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 4
     db.unlink()  # a new database
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 5
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 5
 
 
 def test_airflow_pointed_at_another_database_always_migrates(home):
     root, env, cli = home
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     postgres = "postgresql+psycopg2://postgres@127.0.0.1/airflow"
-    embedded.ensure_airflow_db({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres})
+    environment.ensure_airflow_db({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres})
     (root / "airflow" / "airflow.cfg").write_text(f"[database]\nsql_alchemy_conn = {postgres}\n")
-    embedded.ensure_airflow_db(env)
+    environment.ensure_airflow_db(env)
     assert len(cli.calls) == 3

@@ -1,4 +1,4 @@
-"""A failed ``make run`` (``python -m sparktune_airflow.embedded run``) closes with a summary: each
+"""A failed ``make run`` (``python -m sparktune_dev.embedded run``) closes with a summary: each
 failed task, the message it failed with, and its log file, split out of ``airflow dags test``'s output.
 
 The ``airflow`` CLI is replaced by a recorder that leaves what a failed run leaves: ``dag_run`` and
@@ -15,7 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from sparktune_airflow import embedded
+from sparktune_dev.embedded import airflow_cli, runner
+from sparktune_dev.embedded.failure_summary import (
+    FailedTask,
+    failure_summary,
+    last_exception,
+    task_log_path,
+    task_sections,
+)
 
 try:
     from tests.e2e.dag_runs import SESSION_ONLY
@@ -57,7 +64,7 @@ def _traceback(exception_line: str, *more: str) -> list[str]:
         "in _run_task_and_map_outcome",
         "    result = _execute_task(context=context, ti=ti, log=log)",
         "             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
-        '  File "/work/operators/sparktune_airflow/operators.py", line 430, in _enforce_quality',
+        '  File "/work/include/sparktune_airflow/data/quality.py", line 73, in _enforce_quality',
         "    raise AirflowFailException(format_failures(report))",
         exception_line,
         *more,
@@ -149,12 +156,12 @@ def cli(tmp_path, monkeypatch):
     for name in SESSION_ONLY:  # the DAG run gets the embedded defaults of its own home
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("AIRFLOW__LOGGING__BASE_LOG_FOLDER", raising=False)
-    monkeypatch.setattr(embedded, "_airflow", _AirflowCli(tmp_path / "airflow"))
-    return embedded._airflow
+    monkeypatch.setattr(airflow_cli, "run_airflow", _AirflowCli(tmp_path / "airflow"))
+    return airflow_cli.run_airflow
 
 
 def test_a_failed_run_ends_with_the_failed_task_its_message_and_its_log(tmp_path, cli, capsys):
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 1  # the exit code stays the run's
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 1  # the exit code stays the run's
     lines = capsys.readouterr().err.strip().splitlines()
     log = (
         tmp_path
@@ -179,7 +186,7 @@ def test_a_failed_run_ends_with_the_failed_task_its_message_and_its_log(tmp_path
 
 def test_a_run_refused_before_it_started_names_the_error_and_the_output(tmp_path, cli, capsys):
     cli.lines, cli.states = PARAM_REFUSED_OUTPUT, None
-    assert embedded.run_dag("llm_finetune", {"lora_r": 0}, tmp_path) == 1
+    assert runner.run_dag("llm_finetune", {"lora_r": 0}, tmp_path) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     (whole,) = (tmp_path / "logs" / "dags_test").glob("llm_finetune-*.log")
     assert lines[-4:] == [
@@ -192,7 +199,7 @@ def test_a_run_refused_before_it_started_names_the_error_and_the_output(tmp_path
 
 def test_an_unreadable_database_still_names_the_error_and_the_output(tmp_path, cli, monkeypatch, capsys):
     monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD", "cat /nowhere")  # only Airflow runs it
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 1
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     (whole,) = (tmp_path / "logs" / "dags_test").glob("llm_finetune-*.log")
     assert lines[-5:] == [
@@ -205,7 +212,7 @@ def test_an_unreadable_database_still_names_the_error_and_the_output(tmp_path, c
 def test_a_successful_run_prints_no_summary_and_still_splits_the_task_logs(tmp_path, cli, capsys):
     cli.lines = _task("prepare_data", ["2026-11-26T10:19:01Z [info     ] done [operators]"])
     cli.states, cli.exit_code = {"prepare_data": "success"}, 0
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 0
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 0
     assert capsys.readouterr().err == ""
     run = tmp_path / "logs" / "dag_id=llm_finetune" / f"run_id={RUN_ID}"
     assert (run / "task_id=prepare_data" / "attempt=1.log").read_text().splitlines() == cli.lines
@@ -216,46 +223,44 @@ def test_task_sections_keep_each_attempt_and_each_mapped_index():
     second = _task("train", ["2026-11-26T10:20:00Z [info     ] trained [operators]"])
     mapped = _task("score", ["2026-11-26T10:21:00Z [info     ] scored [operators]"], map_index=0)
     between = "2026-11-26T10:19:59Z [info     ] No tasks to run. [airflow.sdk.definitions.dag]"
-    sections = embedded.task_sections([*first, between, *second, *mapped])
+    sections = task_sections([*first, between, *second, *mapped])
     assert sections == {("train", -1): [first, second], ("score", 0): [mapped]}
     folder = Path("/logs")
-    assert embedded.task_log_path(folder, "d", "r", "score", 0, 1) == Path(
+    assert task_log_path(folder, "d", "r", "score", 0, 1) == Path(
         "/logs/dag_id=d/run_id=r/task_id=score/map_index=0/attempt=1.log"
     )
-    assert embedded.task_log_path(folder, "d", "r", "train", -1, 2) == Path(
+    assert task_log_path(folder, "d", "r", "train", -1, 2) == Path(
         "/logs/dag_id=d/run_id=r/task_id=train/attempt=2.log"
     )
 
 
 def test_last_exception_reads_the_message_a_task_failed_with():
-    assert embedded.last_exception(VALIDATE_DATA) == QUALITY_MESSAGE
+    assert last_exception(VALIDATE_DATA) == QUALITY_MESSAGE
     # Without Airflow's "Task failed" line: the last traceback; a class of its own is kept, short.
-    assert embedded.last_exception(PY4J_TRACEBACK) == [
-        "ConnectionResetError: [Errno 104] Connection reset by peer"
-    ]
+    assert last_exception(PY4J_TRACEBACK) == ["ConnectionResetError: [Errno 104] Connection reset by peer"]
     chained = [
         TASK_FAILED,
         *_traceback("KeyError: 'label'"),
         "",
         "The above exception was the direct cause of the following exception:",
         "",
-        *_traceback("sparktune.prepare.DataPreparationError: column 'label' is missing; set label_column"),
+        *_traceback(
+            "sparktune.data.prepare.DataPreparationError: column 'label' is missing; set label_column"
+        ),
         "",
     ]
-    assert embedded.last_exception(chained) == [
-        "DataPreparationError: column 'label' is missing; set label_column"
-    ]
-    assert embedded.last_exception([TASK_FAILED, *_traceback("airflow.sdk.exceptions.AirflowException")]) == [
+    assert last_exception(chained) == ["DataPreparationError: column 'label' is missing; set label_column"]
+    assert last_exception([TASK_FAILED, *_traceback("airflow.sdk.exceptions.AirflowException")]) == [
         "AirflowException"
     ]
-    assert embedded.last_exception(["2026-11-26T10:19:01Z [info     ] no traceback here"]) == []
+    assert last_exception(["2026-11-26T10:19:01Z [info     ] no traceback here"]) == []
 
 
 def test_failure_summary_keeps_long_messages_short_and_their_fix():
     rules = [f"- rule {n} failed" for n in range(12)]
     message = ("Data quality gate failed: 12 of 26 expectations not met.", *rules, "Fix the source data.")
-    task = embedded.FailedTask("validate_data", -1, message, Path("/logs/attempt=1.log"))
-    assert embedded.failure_summary("dag", "run", [task], Path("/out.log")) == [
+    task = FailedTask("validate_data", -1, message, Path("/logs/attempt=1.log"))
+    assert failure_summary("dag", "run", [task], Path("/out.log")) == [
         "run failed: dag / validate_data (run run)",
         "  Data quality gate failed: 12 of 26 expectations not met.",
         *[f"  - rule {n} failed" for n in range(5)],
@@ -263,15 +268,13 @@ def test_failure_summary_keeps_long_messages_short_and_their_fix():
         "  Fix the source data.",
         "  log: /logs/attempt=1.log",
     ]
-    mapped = embedded.FailedTask("score", 3)  # no log found, no message found: say so, and where to look
-    assert embedded.failure_summary("dag", "run", [mapped], Path("/out.log")) == [
+    mapped = FailedTask("score", 3)  # no log found, no message found: say so, and where to look
+    assert failure_summary("dag", "run", [mapped], Path("/out.log")) == [
         "run failed: dag / score[3] (run run)",
         "  (no exception message found in its log)",
         "  output: /out.log",
     ]
-    assert embedded.failure_summary("dag", "run", [], None) == [
-        "run failed: dag: run run failed with no failed task"
-    ]
+    assert failure_summary("dag", "run", [], None) == ["run failed: dag: run run failed with no failed task"]
 
 
 def test_the_output_reaches_the_terminal_as_it_comes_and_the_file_as_lines(tmp_path, capsys):
@@ -283,7 +286,7 @@ def test_the_output_reaches_the_terminal_as_it_comes_and_the_file_as_lines(tmp_p
         "sys.exit(1)\n"
     )
     output = tmp_path / "out" / "run.log"
-    result = embedded._run_copying_output([sys.executable, "-c", script], {}, output)
+    result = airflow_cli.run_copying_output([sys.executable, "-c", script], {}, output)
     assert result.returncode == 1
     seen = capsys.readouterr()
     assert seen.out == "\x1b[32minfo\x1b[0m line\nno newline at the end"

@@ -1,4 +1,4 @@
-"""``make run`` (``python -m sparktune_airflow.embedded run``) exits 3 when the gate blocked promotion.
+"""``make run`` (``python -m sparktune_dev.embedded run``) exits 3 when the gate blocked promotion.
 
 The ``airflow`` CLI is replaced by a recorder that leaves what a run leaves in the metadata
 database: a ``dag_run`` row and the gate task's XCom, in tables with Airflow 3.3's columns. The
@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from sparktune_airflow import embedded
+from sparktune_dev.embedded import airflow_cli, run_record, runner
 
 try:
     from tests.e2e.dag_runs import SESSION_ONLY
@@ -75,13 +75,13 @@ class _AirflowCli:
 def cli(tmp_path, monkeypatch):
     for name in SESSION_ONLY:  # the DAG run gets the embedded defaults of its own home
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(embedded, "_airflow", _AirflowCli(tmp_path / "airflow"))
-    return embedded._airflow
+    monkeypatch.setattr(airflow_cli, "run_airflow", _AirflowCli(tmp_path / "airflow"))
+    return airflow_cli.run_airflow
 
 
 def test_a_blocked_gate_exits_3_with_the_version_and_failed_rules_last(tmp_path, cli, capsys):
     cli.gate = BLOCKED
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == embedded.GATE_BLOCKED_EXIT_CODE == 3
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == run_record.GATE_BLOCKED_EXIT_CODE == 3
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1] == "gate blocked promotion of support-intent v4: min_accuracy"
     assert lines[-2] == f"gate: {BLOCKED['reasons'][0]}"
@@ -94,42 +94,42 @@ def test_a_promotion_a_dry_run_or_a_run_without_a_gate_exit_0(tmp_path, cli, cap
         None,  # training skipped on unchanged data, or another DAG
     ):
         cli.gate = gate
-        assert embedded.run_dag("llm_finetune", {}, tmp_path) == 0, gate
+        assert runner.run_dag("llm_finetune", {}, tmp_path) == 0, gate
     assert "gate blocked" not in capsys.readouterr().err
 
 
 def test_only_this_runs_gate_counts_and_a_failed_run_keeps_its_exit_code(tmp_path, cli):
     cli.gate = BLOCKED
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 3
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 3
     # The next run skipped training: the earlier run's blocked gate must not speak for it.
     cli.gate = None
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 0
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 0
     # A failed run is a failed run (1), whatever its gate said before it failed.
     cli.gate, cli.exit_code = BLOCKED, 1
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 1
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 1
 
 
 def test_exit_code_after_run():
-    assert embedded.exit_code_after_run(0, BLOCKED) == (
+    assert run_record.exit_code_after_run(0, BLOCKED) == (
         3,
         [f"gate: {BLOCKED['reasons'][0]}", "gate blocked promotion of support-intent v4: min_accuracy"],
     )
-    assert embedded.exit_code_after_run(1, BLOCKED) == (1, [])
-    assert embedded.exit_code_after_run(0, None) == (0, [])
-    assert embedded.exit_code_after_run(0, {**BLOCKED, "mode": "disabled", "promote": True}) == (0, [])
+    assert run_record.exit_code_after_run(1, BLOCKED) == (1, [])
+    assert run_record.exit_code_after_run(0, None) == (0, [])
+    assert run_record.exit_code_after_run(0, {**BLOCKED, "mode": "disabled", "promote": True}) == (0, [])
 
 
 def test_the_metadata_database_is_found_as_airflow_finds_it(tmp_path):
     home = tmp_path / "airflow"
     home.mkdir()
     env = {"AIRFLOW_HOME": str(home)}
-    assert embedded.metadata_db_url(env) == f"sqlite:///{home / 'airflow.db'}"
+    assert run_record.metadata_db_url(env) == f"sqlite:///{home / 'airflow.db'}"
     (home / "airflow.cfg").write_text("[database]\nsql_alchemy_conn = postgresql://af@db/airflow\n")
-    assert embedded.metadata_db_url(env) == "postgresql://af@db/airflow"
+    assert run_record.metadata_db_url(env) == "postgresql://af@db/airflow"
     url = "postgresql://af@other/airflow"
-    assert embedded.metadata_db_url({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}) == url
+    assert run_record.metadata_db_url({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": url}) == url
     # Only Airflow runs a command or reads a secrets backend: the runner then says it cannot tell.
-    assert embedded.metadata_db_url({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat conn"}) is None
+    assert run_record.metadata_db_url({**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD": "cat conn"}) is None
 
 
 def test_an_unreadable_database_leaves_the_runs_exit_code_and_says_why(tmp_path, monkeypatch, capsys):
@@ -137,12 +137,12 @@ def test_an_unreadable_database_leaves_the_runs_exit_code_and_says_why(tmp_path,
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD", "cat /nowhere")
     calls = []
-    monkeypatch.setattr(embedded, "ensure_airflow_db", lambda env: None)
+    monkeypatch.setattr(runner, "ensure_airflow_db", lambda env: None)
     monkeypatch.setattr(
-        embedded,
-        "_airflow",
+        airflow_cli,
+        "run_airflow",
         lambda args, env, **kw: calls.append(args) or subprocess.CompletedProcess(args, 0),
     )
-    assert embedded.run_dag("llm_finetune", {}, tmp_path) == 0
+    assert runner.run_dag("llm_finetune", {}, tmp_path) == 0
     assert calls and calls[0][:2] == ["dags", "test"]
     assert "not whether its gate blocked promotion" in capsys.readouterr().err

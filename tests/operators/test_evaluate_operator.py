@@ -1,6 +1,6 @@
 """EvaluateModelOperator: what it logs to the challenger's MLflow run and what it returns.
 
-The evaluation subprocess is replaced by a fake that writes what ``python -m sparktune.evaluation``
+The evaluation subprocess is replaced by a fake that writes what ``python -m sparktune.jobs.evaluate``
 writes (the result JSON and, through the real drawing code, the confusion matrix PNG), so the test
 needs no trained model; the CLI itself is tested in tests/unit/test_evaluation.py.
 """
@@ -37,7 +37,12 @@ class RecordingTaskInstance(FakeTaskInstance):
 
 def _result(model_uri: str, n: int = 200):
     import numpy as np
-    from sparktune.metrics import INVALID_PREDICTION, EvalResult, classification_cis, macro_f1_statistic
+    from sparktune.release.metrics import (
+        INVALID_PREDICTION,
+        EvalResult,
+        classification_cis,
+        macro_f1_statistic,
+    )
 
     classes = [*LABELS, INVALID_PREDICTION]
     y_true = [i % 2 for i in range(n)]
@@ -82,7 +87,7 @@ class FakeSubprocessHook:
     champion_labels: list[str] | None = None
 
     def run_command(self, command, env=None):
-        from sparktune.evaluation import confusion_matrix_figure, write_predictions_csv
+        from sparktune.release.evaluation import confusion_matrix_figure, write_predictions_csv
 
         FakeSubprocessHook.commands.append(command)
         args = dict(zip(command[3::2], command[4::2], strict=True))
@@ -97,13 +102,13 @@ class FakeSubprocessHook:
             write_predictions_csv(result, args[f"{prefix}predictions"])
         if "--baseline-output" in args:
             Path(args["--baseline-output"]).write_text(_baseline_result().to_json())
-        return SimpleNamespace(exit_code=0, output="sparktune.evaluation ok")
+        return SimpleNamespace(exit_code=0, output="sparktune-evaluate ok")
 
 
 def _baseline_result(n: int = 200):
     """The TF-IDF baseline on the same rows: right 19 times in 20, better than the challenger."""
-    from sparktune.baseline import BASELINE_URI
-    from sparktune.evaluation import label_result
+    from sparktune.release.baseline import BASELINE_URI
+    from sparktune.release.evaluation import label_result
 
     truth = [LABELS[i % 2] for i in range(n)]
     predicted = [LABELS[(i + 1) % 2] if i % 20 == 0 else t for i, t in enumerate(truth)]
@@ -112,16 +117,17 @@ def _baseline_result(n: int = 200):
 
 @pytest.fixture
 def registry(tmp_path, monkeypatch, restore_mlflow_globals):
-    from sparktune_airflow import operators
+    from sparktune_airflow.core import domain_cli
+    from sparktune_airflow.core.mlflow import MLflowHook
 
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(operators, "SubprocessHook", FakeSubprocessHook)
+    monkeypatch.setattr(domain_cli, "SubprocessHook", FakeSubprocessHook)
     FakeSubprocessHook.commands = []
     FakeSubprocessHook.champion_labels = None
     # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
     # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
-    client = operators.mlflow_client()
+    client = MLflowHook(mlflow_conn_id=None).get_conn()
     experiment = client.create_experiment("sparktune-eval-op", artifact_location=str(tmp_path / "artifacts"))
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]
     client.create_registered_model("eval-op")
@@ -131,7 +137,7 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
 
 
 def _operator(registry, version: str):
-    from sparktune_airflow.operators import EvaluateModelOperator
+    from sparktune_airflow import EvaluateModelOperator
 
     return EvaluateModelOperator(
         task_id="evaluate",
@@ -239,7 +245,7 @@ def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry
 
 
 def _gate(registry, evaluation: dict, **params):
-    from sparktune_airflow.operators import PromotionGateOperator
+    from sparktune_airflow import PromotionGateOperator
 
     # The per-class rule is on by default; these evaluations carry recalls only where a test sets it.
     params = {"max_class_regression": 1.0, **params}
@@ -249,7 +255,7 @@ def _gate(registry, evaluation: dict, **params):
 
 
 def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypatch):
-    from sparktune_airflow import operators
+    from sparktune_airflow.release import gate
 
     client = registry.client
     client.set_registered_model_alias("eval-op", "champion", "1")
@@ -293,7 +299,7 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
     def skip(operator, context):
         raise DownstreamTasksSkipped(tasks=["promote_staging", "smoke_test", "promote_champion"])
 
-    monkeypatch.setattr(operators, "skip_downstream", skip)
+    monkeypatch.setattr(gate, "skip_downstream", skip)
     ti = RecordingTaskInstance(task_id="gate")
     with pytest.raises(DownstreamTasksSkipped):
         _gate(registry, evaluation, min_accuracy=0.88, min_margin_over_baseline=-1).execute({"ti": ti})
@@ -310,7 +316,7 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
 def test_a_champion_of_another_label_set_is_compared_on_shared_label_rows_and_blocked(
     registry, monkeypatch, source
 ):
-    from sparktune_airflow import operators
+    from sparktune_airflow.release import gate
 
     client = registry.client
     client.set_registered_model_alias("eval-op", "champion", "1")
@@ -337,7 +343,7 @@ def test_a_champion_of_another_label_set_is_compared_on_shared_label_rows_and_bl
     metrics = client.get_run(registry.runs[1]).data.metrics
     assert metrics["vs_champion_accuracy_diff"] == pytest.approx(0.3)
 
-    monkeypatch.setattr(operators, "skip_downstream", lambda operator, context: None)
+    monkeypatch.setattr(gate, "skip_downstream", lambda operator, context: None)
     params = {"min_accuracy": 0.7, "max_class_regression": 0.1, "min_margin_over_baseline": -1}
     blocked = _gate(registry, evaluation, **params).execute({"ti": RecordingTaskInstance(task_id="gate")})
     assert not blocked["promote"] and blocked["failed_rules"] == ["label_set_unchanged"]

@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 from airflow.sdk import Asset
-from sparktune_airflow.assets import champion_asset, feedback_asset
-from sparktune_airflow.feedback_operators import champion_event, run_day
+from sparktune_airflow.core.assets import champion_asset, feedback_asset
+from sparktune_airflow.serve.batch_inference import champion_event, run_day
 
 
 def _event(extra: dict, minute: int) -> SimpleNamespace:
@@ -42,7 +42,7 @@ def test_run_day_is_the_logical_date_or_when_the_run_was_due():
 def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_the_demo_data():
     import pytest
     from airflow.sdk.exceptions import AirflowFailException
-    from sparktune_airflow.feedback_operators import BatchInferenceOperator
+    from sparktune_airflow import BatchInferenceOperator
 
     operator = BatchInferenceOperator(task_id="score", source_uri=" ", output_uri="/tmp/out", model_name="m")
     with pytest.raises(AirflowFailException, match="source_uri is empty"):
@@ -53,12 +53,12 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
     tmp_path, monkeypatch, restore_mlflow_globals
 ):
     from mlflow.tracking import MlflowClient
-    from sparktune.params import parse_params
-    from sparktune.training import code_fingerprint
-    from sparktune_airflow import feedback_operators
-    from sparktune_airflow.feedback_operators import SkipUnchangedOperator
-    from sparktune_airflow.links import model_version_url
-    from sparktune_airflow.operators import config_hash
+    from sparktune.core.params import parse_params
+    from sparktune.core.provenance import code_fingerprint
+    from sparktune_airflow import SkipUnchangedOperator
+    from sparktune_airflow.core.links import model_version_url
+    from sparktune_airflow.core.task_context import config_hash
+    from sparktune_airflow.release import retrain
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -71,11 +71,14 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
     }).version  # fmt: skip
     client.set_registered_model_alias("intent", "champion", version)
     skipped = []
-    monkeypatch.setattr(feedback_operators, "skip_downstream", lambda op, ctx: skipped.append(op.task_id))
+    monkeypatch.setattr(retrain, "skip_downstream", lambda op, ctx: skipped.append(op.task_id))
 
     def run(fingerprint: str) -> dict:
         operator = SkipUnchangedOperator(
-            task_id="skip_unchanged", model_name="intent", data_fingerprint=fingerprint
+            task_id="skip_unchanged",
+            model_name="intent",
+            data_fingerprint=fingerprint,
+            pipeline_params=params,
         )
         return operator.execute({"params": params})
 

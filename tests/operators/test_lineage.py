@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 from openlineage.client.serde import Serde
-from sparktune_airflow.feedback_operators import BatchInferenceOperator
-from sparktune_airflow.lineage import dataset_name, has_split_folders, mlflow_namespace
-from sparktune_airflow.operators import (
+from sparktune_airflow import (
+    BatchInferenceOperator,
     MaterializeDatasetOperator,
     PrepareDataOperator,
     RegisterModelOperator,
     TrainModelOperator,
 )
+from sparktune_airflow.core.lineage import dataset_name, has_split_folders, mlflow_namespace
 
 FP = "3f9c2a7d51e04b8a"
 RUN_ID = "0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f"

@@ -6,9 +6,17 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from sparktune_airflow import links
-from sparktune_airflow.feedback_operators import BatchInferenceOperator
-from sparktune_airflow.links import (
+from sparktune_airflow import (
+    BatchInferenceOperator,
+    MaterializeDatasetOperator,
+    PrepareDataOperator,
+    PromoteModelOperator,
+    RegisterModelOperator,
+    SparkQualityGateOperator,
+    TrainModelOperator,
+)
+from sparktune_airflow.core import links
+from sparktune_airflow.core.links import (
     DatabricksRunLink,
     DataDocsLink,
     MLflowModelVersionLink,
@@ -18,14 +26,6 @@ from sparktune_airflow.links import (
     mlflow_ui_base,
     model_version_url,
     spark_ui_url,
-)
-from sparktune_airflow.operators import (
-    MaterializeDatasetOperator,
-    PrepareDataOperator,
-    PromoteModelOperator,
-    RegisterModelOperator,
-    SparkQualityGateOperator,
-    TrainModelOperator,
 )
 
 TI_KEY = SimpleNamespace(dag_id="llm_finetune", task_id="t", run_id="manual__1", map_index=-1)

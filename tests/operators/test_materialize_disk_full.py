@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from sparktune.materialize import MARKER, find_published, open_dataset, write_dataset_dict_from_parquet
+from sparktune.data.materialize import write_dataset_dict_from_parquet
+from sparktune.data.published_dataset import MARKER, find_published, open_dataset
 
 LABELS = ["billing", "login", "shipping"]
 SPLITS = ["train", "validation", "test"]
@@ -132,7 +133,7 @@ def prepared_and_reference(tmp_path_factory):
 
 
 def _operator(prepared: str, disk: Path):
-    from sparktune_airflow.operators import MaterializeDatasetOperator
+    from sparktune_airflow import MaterializeDatasetOperator
 
     # As llm_finetune wires it: prepare_data's output, fingerprint and labels, the three splits.
     return MaterializeDatasetOperator(
@@ -195,7 +196,7 @@ def spark_submit_here(spark, monkeypatch):
     """The operator's spark-submit path with the job's ``main`` run on this process's session
     (no JVM start); a non-zero exit code raised as SparkSubmitHook raises it. The Parquet is
     small, so the operator is told it does not convert without Spark, as for big data."""
-    import sparktune.materialize
+    import sparktune.data.materialize
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
     from sparktune.jobs.materialize_dataset import main
 
@@ -205,7 +206,7 @@ def spark_submit_here(spark, monkeypatch):
             raise AirflowException(f"Cannot execute: spark-submit. Error code is: {code}.")
 
     monkeypatch.setattr(SparkSubmitOperator, "execute", spark_submit)
-    monkeypatch.setattr(sparktune.materialize, "converts_without_spark", lambda *args, **kwargs: False)
+    monkeypatch.setattr(sparktune.data.materialize, "converts_without_spark", lambda *args, **kwargs: False)
     return lambda try_number: {
         "ti": SimpleNamespace(
             dag_id="llm_finetune",
@@ -224,11 +225,11 @@ def test_shards_written_by_spark_executors_fill_the_disk_the_same_clear_way(
     decisions a cluster would make are forced: not a local master, above the local size)."""
     import logging
 
-    import sparktune.materialize
+    import sparktune.data.materialize
 
-    monkeypatch.setattr(sparktune.materialize, "_local_master", lambda session: False)
+    monkeypatch.setattr(sparktune.data.materialize, "_local_master", lambda session: False)
     monkeypatch.setitem(write_dataset_dict_from_parquet.__kwdefaults__, "local_below_bytes", 0)
-    caplog.set_level(logging.INFO, logger="sparktune.materialize")
+    caplog.set_level(logging.INFO, logger="sparktune.data.materialize")
     prepared, reference = prepared_and_reference
     disk = small_disk("1m")
     operator = _operator(prepared, disk)

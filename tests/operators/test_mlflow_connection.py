@@ -7,7 +7,7 @@ import os
 
 import pytest
 from airflow.sdk import Connection
-from sparktune_airflow.mlflow_connection import tracking_env, use_mlflow_connection
+from sparktune_airflow.core.mlflow import MLflowHook, tracking_env
 
 
 def test_http_connection_gives_the_server_and_its_credentials():
@@ -30,26 +30,42 @@ def test_tracking_uri_in_the_extra_wins_and_a_missing_host_names_the_fix():
         tracking_env(Connection(conn_id="m", conn_type="http"))
 
 
-def test_operator_points_its_process_at_the_connection_before_execute(monkeypatch):
+def test_operator_points_its_process_at_the_connection_before_execute(monkeypatch, restore_mlflow_globals):
     # An environment-variable connection, as the native stack and docker-compose define it.
     conn = {"conn_type": "http", "host": "127.0.0.1", "port": 5999}
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-another-server")
-    from sparktune_airflow.operators import PromoteModelOperator
+    from sparktune_airflow import PromoteModelOperator
 
     operator = PromoteModelOperator(task_id="promote", model_name="m", version="1", alias="staging")
     operator.pre_execute({})
     assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5999"
     assert "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    assert operator.mlflow_hook.get_conn().tracking_uri == "http://127.0.0.1:5999"
+    operator.post_execute({})
+    # Still so after execute: the extra links and lineage computed then name the same server.
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5999"
+
+
+def test_activated_puts_the_environment_back_after_the_block(monkeypatch):
+    conn = {"conn_type": "http", "host": "127.0.0.1", "port": 5999}
+    monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(conn))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "from-another-server")
+    with MLflowHook().activated() as uri:
+        assert uri == "http://127.0.0.1:5999" and "MLFLOW_TRACKING_PASSWORD" not in os.environ
+    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///elsewhere.db"
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "from-another-server"
 
 
 def test_without_the_connection_the_environment_decides(monkeypatch):
     monkeypatch.delenv("AIRFLOW_CONN_MLFLOW_DEFAULT", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///kept.db")
-    assert use_mlflow_connection("mlflow_default") is None
-    assert os.environ["MLFLOW_TRACKING_URI"] == "sqlite:///kept.db"
-    assert use_mlflow_connection(None) is None
+    assert MLflowHook().tracking_env() == {}
+    with MLflowHook().activated() as uri:
+        assert uri == "sqlite:///kept.db" == os.environ["MLFLOW_TRACKING_URI"]
+    assert MLflowHook(None).tracking_env() == {}
 
 
 def test_generic_connection_takes_its_scheme_from_the_schema():

@@ -1,4 +1,5 @@
-"""Every operator documents each of its own parameters in its class docstring (``:param name:``).
+"""Every operator documents each of its own parameters in its class docstring (``:param name:``),
+and the package exports every operator it defines.
 
 The README's "Use the operators in your own DAG" sends users to these docstrings; a parameter added
 without its line fails here.
@@ -6,16 +7,22 @@ without its line fails here.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 
 import pytest
+import sparktune_airflow
 from airflow.sdk import BaseOperator
-from sparktune_airflow import operators, registry_operators
 
+MODULES = [
+    importlib.import_module(info.name)
+    for info in pkgutil.walk_packages(sparktune_airflow.__path__, f"{sparktune_airflow.__name__}.")
+]
 OPERATORS = sorted(
     (
         cls
-        for module in (operators, registry_operators)
+        for module in MODULES
         for _, cls in inspect.getmembers(module, inspect.isclass)
         if issubclass(cls, BaseOperator) and cls.__module__ == module.__name__
     ),
@@ -23,10 +30,12 @@ OPERATORS = sorted(
 )
 
 
-def test_the_operators_are_found():
+def test_the_operators_are_found_and_each_is_exported():
     names = {cls.__name__ for cls in OPERATORS}
     assert {"SparkQualityGateOperator", "MaterializeDatasetOperator", "RollbackChampionOperator"} <= names
-    assert len(names) >= 12
+    assert len(names) >= 16
+    # `from sparktune_airflow import XOperator` works for every operator, wherever its stage keeps it.
+    assert names == set(sparktune_airflow.__all__)
 
 
 @pytest.mark.parametrize("operator", OPERATORS, ids=lambda cls: cls.__name__)

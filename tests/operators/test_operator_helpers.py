@@ -6,18 +6,19 @@ import json
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from sparktune.params import PARAM_SPECS, parse_params
-from sparktune_airflow.embedded import embedded_env
-from sparktune_airflow.operators import _raise_for_exit_code, config_hash
-from sparktune_airflow.params import trigger_form_params
+from sparktune.core.params import PARAM_SPECS, parse_params
+from sparktune_airflow.core.domain_cli import raise_for_exit_code
+from sparktune_airflow.core.params import trigger_form_params
+from sparktune_airflow.core.task_context import config_hash
+from sparktune_dev.embedded.environment import embedded_env
 
 
 def test_bad_input_exit_code_fails_at_once_and_others_retry():
-    _raise_for_exit_code("training", 0, "ok")  # success: nothing raised
+    raise_for_exit_code("training", 0, "ok")  # success: nothing raised
     with pytest.raises(AirflowFailException, match="training rejected its input: no such column"):
-        _raise_for_exit_code("training", 2, "no such column")
+        raise_for_exit_code("training", 2, "no such column")
     with pytest.raises(AirflowException) as info:
-        _raise_for_exit_code("training", 1, "executor lost")
+        raise_for_exit_code("training", 1, "executor lost")
     assert not isinstance(info.value, AirflowFailException)  # transient: retried
 
 
@@ -37,6 +38,20 @@ def test_embedded_env_defaults_and_user_values_win(tmp_path):
     )
     assert custom["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:5000"
     assert custom["AIRFLOW_CONN_SPARK_DEFAULT"] == "x"
+
+
+def test_the_embedded_runner_turns_deadlines_off_and_a_dag_then_has_none(tmp_path, monkeypatch):
+    """`airflow dags test` has no scheduler to fire a deadline, and Airflow 3.3's dag.test() fails
+    the run at its end on a DAG that has one."""
+    from sparktune_airflow.core.dag_defaults import run_deadline
+
+    env = embedded_env(tmp_path, base={"PATH": "/usr/bin", "SPARKTUNE_RUN_DEADLINE_MINUTES": "30"})
+    assert env["SPARKTUNE_RUN_DEADLINE_MINUTES"] == "off"
+    monkeypatch.setenv("SPARKTUNE_RUN_DEADLINE_MINUTES", "off")
+    assert run_deadline() is None
+    monkeypatch.setenv("SPARKTUNE_RUN_DEADLINE_MINUTES", "0")
+    with pytest.raises(ValueError, match="must be more than 0 minutes"):
+        run_deadline()
 
 
 def test_trigger_form_carries_every_spec_with_bounds_and_enums():
@@ -74,7 +89,7 @@ def test_config_hash_follows_every_param():
 
 def _published_dataset(root, fingerprint: str) -> None:
     """A finished dataset as materialize leaves it: the marker is what makes it trusted."""
-    from sparktune.materialize import MARKER
+    from sparktune.data.published_dataset import MARKER
 
     folder = root / fingerprint
     folder.mkdir(parents=True)
@@ -83,7 +98,7 @@ def _published_dataset(root, fingerprint: str) -> None:
 
 
 def test_materialize_reuses_a_published_version_without_spark_submit(tmp_path):
-    from sparktune_airflow.operators import MaterializeDatasetOperator
+    from sparktune_airflow import MaterializeDatasetOperator
 
     _published_dataset(tmp_path, "fp1")
     operator = MaterializeDatasetOperator(
@@ -108,7 +123,7 @@ def _write_split(prepared, split: str, columns: dict[str, list]) -> None:
 
 
 def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
-    from sparktune_airflow.operators import MaterializeDatasetOperator
+    from sparktune_airflow import MaterializeDatasetOperator
 
     for split, n in (("train", 7), ("validation", 2), ("test", 3)):
         _write_split(
@@ -138,7 +153,7 @@ def test_materialize_streaming_mode_reads_footers_and_builds_nothing(tmp_path):
 
 def test_materialize_converts_small_parquet_in_process_and_fails_bad_labels_at_once(tmp_path):
     import datasets
-    from sparktune_airflow.operators import MaterializeDatasetOperator
+    from sparktune_airflow import MaterializeDatasetOperator
 
     for split in ("train", "test"):
         _write_split(tmp_path / "prepared", split, {"text": ["a", "b", "c"], "label": ["x", "y", "x"]})
@@ -166,7 +181,7 @@ def test_invalid_params_fail_validate_params_at_once_listing_every_problem():
 
     conf = {"min_chars": 3000, "max_chars": 100, "prompt_template": "{label}: {text}"}
     with pytest.raises(AirflowFailException) as error:  # a fail exception: no retries
-        ValidateParamsOperator(task_id="validate_params").execute({"params": conf})
+        ValidateParamsOperator(task_id="validate_params", pipeline_params=conf).execute({})
     assert "min_chars (3000) is above max_chars (100)" in str(error.value)
     assert "{label} must come after {text}" in str(error.value)
 
@@ -175,7 +190,7 @@ def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retrie
     # What the preparation job records when a column is missing (tests/unit/test_bad_inputs.py
     # checks the job writes it), as PrepareDataOperator reads it after spark-submit exits 2.
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-    from sparktune_airflow.operators import submit_and_read_summary
+    from sparktune_airflow.core.spark_jobs import submit_and_read_summary
 
     summary = tmp_path / "prepare_summary.json"
     message = (
@@ -204,3 +219,16 @@ def test_a_job_that_recorded_bad_input_fails_at_once_and_one_that_died_is_retrie
             SparkSubmitOperator(task_id="t", application="a"), {}, summary, "prepare_data"
         )
     assert not isinstance(error.value, AirflowFailException)  # a lost executor or JVM: retried
+
+
+def test_operators_take_pipeline_params_only_as_given_never_from_the_run(tmp_path):
+    # An operator reused in another DAG must not pick up that DAG's form: the run's params are
+    # ignored unless passed, and a non-native render (a string) names the fix.
+    from sparktune_airflow import ValidateParamsOperator
+
+    run_params = {"min_chars": 3000, "max_chars": 100}  # invalid together, but not passed
+    result = ValidateParamsOperator(task_id="v").execute({"params": run_params})
+    defaults = ValidateParamsOperator(task_id="v", pipeline_params={}).execute({})
+    assert result == defaults
+    with pytest.raises(AirflowFailException, match="render_template_as_native_obj=True"):
+        ValidateParamsOperator(task_id="v", pipeline_params="{'min_chars': 3}").execute({})

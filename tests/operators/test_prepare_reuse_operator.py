@@ -11,8 +11,8 @@ import os
 from types import SimpleNamespace
 
 import pytest
-import sparktune_airflow.operators as operators
 from sparktune_airflow import PrepareDataOperator
+from sparktune_airflow.data import prepare
 
 
 @pytest.fixture
@@ -37,15 +37,18 @@ def submits(home, monkeypatch):
             folders[f"{kind}_uri"] = str(folder)
         return {"steps": [], "data_fingerprint": fingerprint, "reused": False, "tokenizer": "t", **folders}
 
-    monkeypatch.setattr(operators, "submit_and_read_summary", publish)
+    monkeypatch.setattr(prepare, "submit_and_read_summary", publish)
     return calls
 
 
 def _run(source, tokenizer, try_number=1, **params):
     ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
                          try_number=try_number)  # fmt: skip
-    operator = PrepareDataOperator(task_id="prepare_data", tokenizer=str(tokenizer))
-    return operator.execute({"params": {"source_uri": str(source), **params}, "ti": ti})
+    run_params = {"source_uri": str(source), **params}
+    operator = PrepareDataOperator(
+        task_id="prepare_data", tokenizer=str(tokenizer), pipeline_params=run_params
+    )
+    return operator.execute({"params": run_params, "ti": ti})
 
 
 def test_a_run_on_the_same_inputs_takes_the_published_output_without_spark(home, submits, capsys):
@@ -95,7 +98,7 @@ def test_a_reused_version_keeps_its_quality_report_only_under_the_same_rules(hom
                 "quarantine_uri": str(home / "home" / "lake" / "quarantine" / "f0"),
                 "quality": report}  # fmt: skip
 
-    monkeypatch.setattr(operators, "submit_and_read_summary", publish)
+    monkeypatch.setattr(prepare, "submit_and_read_summary", publish)
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     (home / "tok").mkdir()
@@ -104,10 +107,15 @@ def test_a_reused_version_keeps_its_quality_report_only_under_the_same_rules(hom
     def run(try_number, **params):
         ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
                              try_number=try_number)  # fmt: skip
+        run_params = {"source_uri": str(source), **params}
         operator = PrepareDataOperator(
-            task_id="prepare_data", tokenizer=str(home / "tok"), validate_quality=True, gx_root="/gx"
+            task_id="prepare_data",
+            tokenizer=str(home / "tok"),
+            validate_quality=True,
+            gx_root="/gx",
+            pipeline_params=run_params,
         )
-        context = {"params": {"source_uri": str(source), **params}, "ti": ti, "run_id": ti.run_id}
+        context = {"params": run_params, "ti": ti, "run_id": ti.run_id}
         return operator.execute(context)
 
     first = run(1)

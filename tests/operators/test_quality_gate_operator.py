@@ -7,11 +7,13 @@ domain entry point is replaced by a recorder so the operator's choices run in mi
 from __future__ import annotations
 
 import pytest
-import sparktune.quality
+import sparktune.data.quality
 from airflow.sdk.exceptions import AirflowFailException
-from sparktune.quality import ERROR, RAW_INPUT, QualityIssue, QualityReport
+from sparktune.core.params import parse_params
+from sparktune.data.quality_report import QualityIssue, QualityReport
+from sparktune.data.quality_rules import ERROR, RAW_INPUT
 from sparktune_airflow import SparkQualityGateOperator
-from sparktune_airflow.operators import _quality_gate
+from sparktune_airflow.data.quality import _quality_gate
 
 FAILED_LINE = "[raw_label_null_rate] At most 20% of the raw rows have a null label_column. Failed ..."
 
@@ -35,7 +37,7 @@ def calls(monkeypatch, tmp_path):
             data_docs_dir=str(tmp_path / "site"),
         )
 
-    monkeypatch.setattr(sparktune.quality, "run_quality_gate", fake_run_quality_gate)
+    monkeypatch.setattr(sparktune.data.quality, "run_quality_gate", fake_run_quality_gate)
     return seen
 
 
@@ -43,7 +45,7 @@ def _gate(tmp_path, **kwargs):
     defaults = {
         "prepared_uri": None,
         "source_uri": str(tmp_path / "reviews.jsonl"),
-        "pipeline_params_value": {"label_column": "stars", "max_null_rate": 0.2},
+        "typed_params": parse_params({"label_column": "stars", "max_null_rate": 0.2}),
         "gx_root": str(tmp_path / "gx"),
         "run_id": "scheduled__2026-01-01T00:00:00+00:00",
     }
@@ -122,6 +124,7 @@ def test_a_report_from_the_prepare_job_is_decided_on_without_a_second_validation
         gx_root=str(tmp_path / "gx"),
         fail_on_error=fail_on_error,
         quality_summary=report,
+        pipeline_params={"label_column": "stars"},
     )
     context = {"params": {"label_column": "stars"}, "run_id": "manual__1"}
     if fail_on_error:
@@ -160,6 +163,7 @@ def test_a_report_rendered_as_text_is_read_back_and_none_validates_here(calls, t
             source_uri=str(tmp_path / "reviews.jsonl"),
             fail_on_error=False,
             quality_summary=rendered,
+            pipeline_params={"label_column": "stars"},
         )
 
     assert task(repr(report)).execute(context) == report and sessions == []

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import mlflow
 from mlflow.tracking import MlflowClient
-from sparktune_airflow.operators import RegisterModelOperator
+from sparktune_airflow import RegisterModelOperator
 
 try:
     from tests import leak_guard

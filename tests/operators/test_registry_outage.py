@@ -49,7 +49,7 @@ from typing import Any
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
-from sparktune.registry import (
+from sparktune.release.registry import (
     AUDIT_EXPERIMENT,
     CANDIDATE,
     CHAMPION,
@@ -58,8 +58,8 @@ from sparktune.registry import (
     alias_version,
     audit_log,
 )
-from sparktune_airflow.operators import PromoteModelOperator, PromotionGateOperator, RegisterModelOperator
-from sparktune_airflow.stack import StackConfig, drop_databases, ensure_databases, mlflow_command
+from sparktune_airflow import PromoteModelOperator, PromotionGateOperator, RegisterModelOperator
+from sparktune_dev.stack import StackConfig, drop_databases, ensure_databases, mlflow_command
 
 try:
     from tests import leak_guard

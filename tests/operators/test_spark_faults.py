@@ -42,7 +42,7 @@ SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 @pytest.fixture(scope="module")
 def source_and_tokenizer(tmp_path_factory):
-    from sparktune.demo_data import write_demo_dataset
+    from sparktune_dev.demo_data import write_demo_dataset
 
     root = tmp_path_factory.mktemp("prepare-faults")
     tokenizer = root / "tokenizer"
@@ -56,7 +56,7 @@ def _get(url: str):
 
 
 def _operator(source: Path, tokenizer: Path, lake: Path, ui_port: int, events: Path):
-    from sparktune_airflow.operators import PrepareDataOperator
+    from sparktune_airflow import PrepareDataOperator
 
     events.mkdir(parents=True, exist_ok=True)
     return PrepareDataOperator(
@@ -248,8 +248,8 @@ def _comparable(summary: dict) -> dict:
 def test_a_lost_executor_in_prepare_data_is_replaced_and_the_output_and_fingerprint_do_not_change(
     standalone_cluster, source_and_tokenizer, spark, free_port, tmp_path, monkeypatch
 ):
-    from sparktune.params import parse_params
-    from sparktune.prepare import run_prepare
+    from sparktune.core.params import parse_params
+    from sparktune.data.prepare_publish import run_prepare
 
     source, tokenizer = source_and_tokenizer
     # The undisturbed run: what the job runs (run_prepare), on the tests' local session.

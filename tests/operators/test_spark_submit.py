@@ -1,4 +1,4 @@
-"""sparktune_airflow.spark_submit: the Spark provider's submit operator, without the OpenLineage listener
+"""sparktune_airflow.core.spark_submit: the Spark provider's submit operator, without the OpenLineage listener
 at import, and with the provider's OpenLineage helpers still the real ones when a task calls them.
 
 Each check runs in a fresh interpreter: in this test session another module may have imported the
@@ -24,7 +24,7 @@ def _run(code: str) -> object:
 def test_importing_the_operators_loads_no_openlineage_listener_or_databricks_hook():
     loaded = _run(
         "import json, sys\n"
-        "import sparktune_airflow, sparktune_airflow.feedback_operators\n"
+        "import sparktune_airflow\n"
         "watched = ['airflow.providers.openlineage.plugins.listener', 'airflow.models.taskinstance',\n"
         "           'openlineage.client', 'airflow.providers.databricks.hooks.databricks', 'aiohttp']\n"
         "print(json.dumps([m for m in watched if m in sys.modules]))\n"
@@ -36,7 +36,7 @@ def test_the_provider_calls_the_real_openlineage_helpers():
     outcome = _run(
         dedent(f"""
         import json, sys
-        from sparktune_airflow import spark_submit
+        from sparktune_airflow.core import spark_submit
         provider = sys.modules[spark_submit.PROVIDER_MODULE]
         same_class = spark_submit.SparkSubmitOperator is provider.SparkSubmitOperator
         listener_before = {LISTENER!r} in sys.modules
@@ -74,7 +74,7 @@ def test_an_operator_module_imported_first_is_left_as_it_is():
         import json, sys
         import airflow.providers.apache.spark.operators.spark_submit as provider
         real = provider.inject_parent_job_information_into_spark_properties
-        from sparktune_airflow import spark_submit
+        from sparktune_airflow.core import spark_submit
         print(json.dumps({
             "untouched": provider.inject_parent_job_information_into_spark_properties is real,
             "same_class": spark_submit.SparkSubmitOperator is provider.SparkSubmitOperator,

@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def monkeypatch_module():
 
 
 def _params(**overrides):
-    from sparktune.params import default_params
+    from sparktune.core.params import default_params
 
     params = default_params()
     params.update(
@@ -75,7 +76,7 @@ def _params(**overrides):
 
 
 def _operator(workspace: Path, **kwargs):
-    from sparktune_airflow.operators import TrainModelOperator
+    from sparktune_airflow import TrainModelOperator
 
     return TrainModelOperator(
         task_id="train",
@@ -104,30 +105,32 @@ def _runs_of(key_filter: str):
 
 
 def test_local_backend_trains_streams_the_log_and_a_retry_reuses_the_run(workspace, capsys):
-    operator = _operator(workspace)
+    operator = _operator(workspace, pipeline_params=_params())
     context = _context(_params(), run_id="local-1")
     result = operator.execute(context)
     assert result["global_steps"] == 20 and not result["reused"]
     # The subprocess's own log lines reached the task log (Airflow's structlog writes to stdout here).
     assert "Trained 20 steps" in capsys.readouterr().out
 
-    again = _operator(workspace).execute(_context(_params(), run_id="local-1", try_number=2))
+    again = _operator(workspace, pipeline_params=_params()).execute(
+        _context(_params(), run_id="local-1", try_number=2)
+    )
     assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
     runs = _runs_of(f"tags.`sparktune.train_key` = '{operator._train_key(context, _parse(_params()))}'")
     assert len(runs) == 1
 
 
 def _parse(params):
-    from sparktune.params import parse_params
+    from sparktune.core.params import parse_params
 
     return parse_params(params)
 
 
 def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(workspace, capsys):
-    from sparktune_airflow import training_process
+    from sparktune_airflow.model import training_process
 
     params = _params(max_steps=60)
-    first = _operator(workspace)
+    first = _operator(workspace, pipeline_params=params)
     context = _context(params, run_id="reattach-1")
     request = first._request(context, _parse(params))
     work = Path(request["output_dir"])
@@ -136,7 +139,7 @@ def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(work
     orphan = training_process.start(command, dict(os.environ), work, "local")
     pids_before = {orphan.pid}
 
-    retry = _operator(workspace)
+    retry = _operator(workspace, pipeline_params=params)
     result = retry.execute(_context(params, run_id="reattach-1", try_number=2))
     orphan.wait()
     assert "Reattaching to training process" in capsys.readouterr().out
@@ -145,11 +148,61 @@ def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(work
     assert len(_runs_of(f"tags.`sparktune.train_key` = '{request['train_key']}'")) == 1
 
 
+def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_has_ended(workspace):
+    """Celery may run a retry on another worker host, which cannot see the first try's process: it
+    must fail saying where the training runs and how to go on, not start a second one beside it."""
+    import dataclasses
+    import json
+
+    from airflow.sdk.exceptions import AirflowException
+    from sparktune_airflow.model import training_process
+
+    params = _params(max_steps=10, checkpoint_steps=10)
+    operator = _operator(workspace, pipeline_params=params)
+    context = _context(params, run_id="other-host-1")
+    request = operator._request(context, _parse(params))
+    work = Path(request["output_dir"])
+    work.mkdir(parents=True, exist_ok=True)
+    # What the first try wrote on the worker "gpu-worker-2" before its task runner died there.
+    elsewhere = training_process.Submission(
+        pid=4242,
+        create_time=time.time() - 60,
+        command=["python", "-m", "sparktune.jobs.train"],
+        log_path=str(work / training_process.LOG_NAME),
+        backend="local",
+        host="gpu-worker-2",
+    )
+    (work / training_process.RECORD_NAME).write_text(json.dumps(dataclasses.asdict(elsewhere)))
+
+    with pytest.raises(AirflowException) as failed:
+        _operator(workspace, pipeline_params=params).execute(
+            _context(params, run_id="other-host-1", try_number=2)
+        )
+    message = str(failed.value)
+    assert "started on host gpu-worker-2 (pid 4242" in message
+    assert f"delete {work / training_process.RECORD_NAME} and clear this task" in message
+    assert training_process.read_record(work).host == "gpu-worker-2"  # nothing was started here
+    assert not _runs_of(f"tags.`sparktune.train_key` = '{request['train_key']}'")
+
+    # Once the training is known to have ended (the attempt following it marks the record), a retry
+    # anywhere trains the key, resuming from its checkpoints.
+    training_process.mark_ended(work)
+    result = _operator(workspace, pipeline_params=params).execute(
+        _context(params, run_id="other-host-1", try_number=3)
+    )
+    assert result["global_steps"] == 10
+    record = training_process.read_record(work)
+    assert record.host == training_process.this_host() and record.ended
+
+
 def test_on_kill_stops_the_training_process(workspace):
     import threading
 
-    operator = _operator(workspace)
-    context = _context(_params(max_steps=100000, checkpoint_steps=100000), run_id="kill-1")
+    from sparktune_airflow.model import training_process
+
+    params = _params(max_steps=100000, checkpoint_steps=100000)
+    operator = _operator(workspace, pipeline_params=params)
+    context = _context(params, run_id="kill-1")
     errors: list[BaseException] = []
 
     def run():
@@ -169,6 +222,30 @@ def test_on_kill_stops_the_training_process(workspace):
     thread.join(60)
     assert submission.process() is None
     assert errors and "exited with code" in str(errors[0])
+    # Marked ended: a retry on another worker host may train the key again.
+    assert training_process.read_record(operator._attempt_work_dir).ended
+
+
+def test_train_timeout_minutes_is_the_time_limit_and_reaching_it_stops_the_training(workspace):
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+    from airflow.sdk.execution_time.task_runner import _run_execute_callable
+    from sparktune_airflow.model import training_process
+
+    params = _params(max_steps=100000, checkpoint_steps=100000, train_timeout_minutes=0.25)
+    operator = _operator(workspace, pipeline_params=params)
+    context = _context(params, run_id="timeout-1")
+    operator.pre_execute(context)
+    assert operator.execution_timeout == timedelta(seconds=15)
+    # What the task runner does with execution_timeout: a SIGALRM, then on_kill.
+    with pytest.raises(AirflowTaskTimeout):
+        _run_execute_callable(context, operator.execute, operator)
+    work = operator._attempt_work_dir
+    record = training_process.read_record(work)
+    assert record is not None, "the training had not started after 15 s"
+    deadline = time.monotonic() + 30
+    while record.process() is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert record.process() is None  # stopped, not left running for the next attempt to find
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,7 +256,7 @@ def test_on_kill_stops_the_training_process(workspace):
 def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     workspace, standalone_cluster, monkeypatch, restore_mlflow_globals
 ):
-    from sparktune_airflow.operators import RegisterModelOperator
+    from sparktune_airflow import RegisterModelOperator
 
     host, port = standalone_cluster["master"].rsplit(":", 1)
     monkeypatch.setenv(
@@ -188,6 +265,7 @@ def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     params = _params(train_backend="spark", num_workers=2, max_steps=20)
     operator = _operator(
         workspace,
+        pipeline_params=params,
         spark_conf={
             "spark.pyspark.python": sys.executable,
             "spark.executorEnv.OMP_NUM_THREADS": "1",
@@ -213,7 +291,9 @@ def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
     )
     registered = register.execute(_context(params, run_id="spark-1", task_id="register"))
     # A retry of the training task does not train or register again.
-    again = _operator(workspace).execute(_context(params, run_id="spark-1", try_number=2))
+    again = _operator(workspace, pipeline_params=params).execute(
+        _context(params, run_id="spark-1", try_number=2)
+    )
     assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
     versions = client.search_model_versions("name = 'tiny-spark'")
     assert [str(v.version) for v in versions] == [str(registered["version"])]
@@ -229,8 +309,8 @@ def test_batch_inference_scores_on_the_same_cluster_with_only_the_connection_cha
     from types import SimpleNamespace
 
     import pyarrow.parquet as pq
-    from sparktune.registry import CHAMPION, move_alias
-    from sparktune_airflow.feedback_operators import BatchInferenceOperator
+    from sparktune.release.registry import CHAMPION, move_alias
+    from sparktune_airflow import BatchInferenceOperator
 
     client = _client()
     [version] = client.search_model_versions("name = 'tiny-spark'")  # the spark test's model

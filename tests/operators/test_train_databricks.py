@@ -22,9 +22,9 @@ import pytest
 from airflow.providers.databricks.hooks.databricks import DatabricksHook
 from airflow.providers.databricks.triggers.databricks import DatabricksExecutionTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-from sparktune.params import parse_params
-from sparktune_airflow.databricks_training import build_run_payload, run_token
-from sparktune_airflow.operators import TrainModelOperator
+from sparktune.core.params import parse_params
+from sparktune_airflow import TrainModelOperator
+from sparktune_airflow.model.databricks_training import build_run_payload, run_token
 
 try:
     from tests.fakes.databricks_jobs_api import FakeJobsApi

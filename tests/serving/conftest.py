@@ -47,7 +47,7 @@ def registry(tmp_path_factory) -> Registry:
 @pytest.fixture
 def serving_config(registry, tmp_path):
     """Settings for a server on ``registry`` with captures under ``tmp_path/captures``."""
-    from sparktune.serving.settings import ServingSettings
+    from sparktune.serve.settings import ServingSettings
 
     def make(model_name: str, **overrides) -> ServingSettings:
         values = {

@@ -81,7 +81,7 @@ def running_server(config) -> Iterator[Served]:
     """``create_app(config)`` under uvicorn in a thread, on a socket bound before it starts (no port
     race); stopped as uvicorn stops on SIGTERM (graceful: its lifespan flushes the capture)."""
     import uvicorn
-    from sparktune.serving.app import create_app
+    from sparktune.serve.app import create_app
 
     app = create_app(config)
     sock = socket.socket()

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from sparktune.serving.batching import BatcherStopped, MicroBatcher, length_groups, predict_in_length_groups
-from sparktune.serving.champion import Scored
+from sparktune.serve.batching import BatcherStopped, MicroBatcher, length_groups, predict_in_length_groups
+from sparktune.serve.champion import Scored
 
 
 class RecordingModel:

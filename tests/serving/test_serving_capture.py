@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from sparktune.serving import capture as capture_module
-from sparktune.serving.capture import COLUMNS, CaptureWriter
+from sparktune.serve import capture as capture_module
+from sparktune.serve.capture import COLUMNS, CaptureWriter
 
 DAY1 = datetime(2025, 3, 1, 23, 59, 59, 999000, tzinfo=UTC)
 DAY2 = datetime(2025, 3, 2, 0, 0, 0, 1000, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparktune.serving.champion import ChampionWatcher, NoModelError, load_version
+from sparktune.serve.champion import ChampionWatcher, NoModelError, load_version
 
 
 def test_a_version_that_cannot_load_leaves_the_old_one_serving_until_the_alias_moves(registry, tmp_path):

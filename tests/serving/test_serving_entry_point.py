@@ -1,4 +1,4 @@
-"""``python -m sparktune.serving``: settings from flags and variables, and the real process end to end."""
+"""``python -m sparktune.serve``: settings from flags and variables, and the real process end to end."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 import httpx
 import pyarrow.parquet as pq
 import pytest
-from sparktune.serving.__main__ import main
-from sparktune.serving.settings import ServingSettings, ServingSettingsError, settings_from_env
+from sparktune.serve.__main__ import main
+from sparktune.serve.settings import ServingSettings, ServingSettingsError, settings_from_env
 
 
 def test_variables_override_defaults_and_bad_values_name_their_variable():
@@ -57,7 +57,7 @@ def test_the_module_serves_the_champion_and_flushes_captures_when_stopped(regist
     command = [
         sys.executable,
         "-m",
-        "sparktune.serving",
+        "sparktune.serve",
         f"--port={port}",
         f"--model-name={name}",
         f"--tracking-uri={registry.tracking_uri}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sparktune.serving.protocol import BadRequest, RequestLimits, parse_texts
+from sparktune.serve.protocol import BadRequest, RequestLimits, parse_texts
 
 LIMITS = RequestLimits(max_rows=50, max_text_chars=200, max_body_bytes=100_000)
 

@@ -22,13 +22,19 @@ from typing import Any
 import pytest
 
 try:
+    from tests.receivers import SmtpReceiver, WebhookReceiver, connection_env
     from tests.stack.stack_client import request as _request
+    from tests.stack.ui_steps import CHROMIUM, SHOTS, UI_TIMEOUT_MS, log_in
 except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from receivers import SmtpReceiver, WebhookReceiver, connection_env
     from stack_client import request as _request
+    from ui_steps import CHROMIUM, SHOTS, UI_TIMEOUT_MS, log_in
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
 INCOMING_ROWS = 300  # the texts batch_inference scores after the promotion
 SCHEDULER_HEALTH_THRESHOLD = 15
+# Every llm_finetune run here takes longer than this: each one's deadline alert must fire.
+RUN_DEADLINE_MINUTES = 1
 PLANTED_SECRET = f"planted-{uuid.uuid4().hex}"
 
 # Variables the test session set for unit tests; the stack must start from the user's view.
@@ -87,20 +93,34 @@ class Stack:
             time.sleep(5)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_screenshots():
+    """The browser tests' screenshots are this session's only."""
+    for old in [*SHOTS.glob("*.png"), *SHOTS.glob("*.html")]:
+        old.unlink()
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory, install_base_model) -> Stack:
-    from sparktune_airflow.stack import StackConfig, StackError, admin_password, down, up
+def notification_receivers():
+    """The mailbox and webhook receiver the stack's notifications go to (tests/receivers.py)."""
+    with SmtpReceiver() as smtp, WebhookReceiver() as webhook:
+        yield smtp, webhook
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack:
+    from sparktune_dev.stack import StackConfig, StackError, admin_password, down, up
 
     home = tmp_path_factory.mktemp("stack-home")
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(STACK_ROWS), "--out",
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(STACK_ROWS), "--out",
          str(home / "data" / "support_tickets.jsonl")],
         check=True,
     )  # fmt: skip
     # What batch_inference scores by default when a promotion starts it (test_full_stack).
     subprocess.run(
-        [sys.executable, "-m", "sparktune.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11", "--out",
-         str(home / "data" / "incoming_tickets.jsonl")],
+        [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(INCOMING_ROWS), "--seed", "11",
+         "--out", str(home / "data" / "incoming_tickets.jsonl")],
         check=True,
     )  # fmt: skip
     mlflow_port = _free_port()
@@ -117,6 +137,8 @@ def stack(tmp_path_factory, install_base_model) -> Stack:
         # Only REST calls start llm_finetune here: unpausing a cron DAG would also start the latest
         # cron run, and the two would queue behind each other (max_active_runs=1).
         extra_env={
+            **connection_env(*notification_receivers),
+            "SPARKTUNE_RUN_DEADLINE_MINUTES": str(RUN_DEADLINE_MINUTES),
             "SPARKTUNE_RETRAIN_CRON": "off",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             # The DAG files do not change during the tests: parsed once at start. Airflow's default
@@ -178,7 +200,7 @@ def _task_states(stack: Stack, dag_id: str, run_id: str) -> dict[str, dict[str, 
 def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> tuple[Path, Any]:
     """The work folder and submission record of the training process ``train`` started, once that
     process runs."""
-    from sparktune_airflow.training_process import RECORD_NAME, read_record
+    from sparktune_airflow.model.training_process import RECORD_NAME, read_record
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -230,7 +252,7 @@ def _kill_scheduler_during_training(stack: Stack, run_id: str) -> dict[str, Any]
     """
     import signal
 
-    from sparktune_airflow.stack import _read_pids, up
+    from sparktune_dev.stack import _read_pids, up
 
     work_dir, record = _wait_for_training_process(stack, run_id)
     train_at_kill = _task_states(stack, "llm_finetune", run_id)["train"]
@@ -271,3 +293,41 @@ def rest_run(stack) -> dict:
     run["tasks"] = _task_states(stack, "llm_finetune", run["dag_run_id"])
     run["fault"] = fault
     return run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One chromium per module: Playwright's sync API runs an event loop on the main thread while it
+    is open, and a later test of the session that calls asyncio.run() would fail beside it."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install -y chromium) first")
+    from playwright.sync_api import expect, sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    # expect() waits 5 s by default, not the page's timeout; on two cores shared with a training run
+    # the React app takes longer than that to render a page.
+    expect.set_options(timeout=UI_TIMEOUT_MS)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, request):
+    """A fresh browser tab; at the end the page where the test left it, as a screenshot and as HTML
+    (``test-output/ui/99-last-page-<test>.*``: where a failure stopped)."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    yield page
+    last = SHOTS / f"99-last-page-{request.node.name}"
+    page.screenshot(path=last.with_suffix(".png"), full_page=True)
+    last.with_suffix(".html").write_text(page.content())
+    context.close()
+
+
+@pytest.fixture
+def signed_in_page(page, stack):
+    log_in(page, stack)
+    return page

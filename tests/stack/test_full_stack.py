@@ -17,9 +17,11 @@ import psutil
 import pytest
 
 try:
+    from tests.receivers import body_text
     from tests.stack.stack_client import HTTPError
     from tests.stack.stack_client import request as _request
 except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from receivers import body_text
     from stack_client import HTTPError
     from stack_client import request as _request
 
@@ -29,7 +31,7 @@ MODEL = "support-intent"
 
 
 def _stack_processes(stack) -> list[psutil.Process]:
-    from sparktune_airflow.stack import _read_pids
+    from sparktune_dev.stack import _read_pids
 
     processes = []
     for pid in _read_pids(stack.config).values():
@@ -111,7 +113,7 @@ def test_a_scheduler_killed_during_train_leaves_one_training_job_one_run_one_ver
     training process runs, and restarts the scheduler; the next try of ``train`` must reattach to that
     very process while it still runs and follow it to the end: never start a second training, nor
     only pick up a run that finished while no try watched it."""
-    from sparktune_airflow.training_process import read_record
+    from sparktune_airflow.model.training_process import read_record
 
     fault = rest_run["fault"]
     pid = fault["training_pid"]
@@ -296,3 +298,22 @@ def test_the_planted_mlflow_credentials_leak_nowhere(stack, rest_run):
     assert sum("xcom" in k for k in seen) >= 5 and any(k.endswith(".log") for k in seen)
     leaked = [where for where, text in seen.items() if secret in text]
     assert not leaked, leaked
+
+
+def test_the_run_past_its_deadline_and_its_promotion_are_told_by_mail_and_webhook(
+    stack, rest_run, notification_receivers
+):
+    """The deadline alert (SPARKTUNE_RUN_DEADLINE_MINUTES, 1 minute here) fired on the executor while
+    the run went on, and the promotion told the team; both reached the SMTP server and the webhook."""
+    smtp, webhook = notification_receivers
+    run_id = rest_run["dag_run_id"]
+    overdue = webhook.wait_for(lambda p: p["event"] == "run_overdue" and p["run_id"] == run_id, timeout=120)
+    assert overdue["dag_id"] == "llm_finetune"
+    assert overdue["url"] == f"{stack.airflow_url}/dags/llm_finetune/runs/{quote(run_id, safe='')}"
+    assert "was not done by its deadline" in overdue["summary"]
+    assert smtp.wait_for(lambda m: m["X-Sparktune-Event"] == "run_overdue" and run_id in body_text(m))
+    promoted = webhook.wait_for(lambda p: p["event"] == "promoted" and p["run_id"] == run_id)
+    version = stack.mlflow("/registered-models/alias", name=MODEL, alias="champion")["model_version"]
+    assert promoted["summary"].startswith(f"{MODEL} @champion is now v{version['version']}")
+    # The scheduler kill cost train a try, not the task: no failure was reported for this run.
+    assert not [p for p in webhook.payloads if p["event"] == "task_failed" and p["run_id"] == run_id]

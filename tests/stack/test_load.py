@@ -76,7 +76,7 @@ def load_runs(stack) -> list[dict]:
     for index in range(len(STEPS)):
         path = stack.home / "data" / f"load_{index}.jsonl"
         subprocess.run(
-            [sys.executable, "-m", "sparktune.demo_data", "--rows", str(ROWS), "--seed", str(100 + index),
+            [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(ROWS), "--seed", str(100 + index),
              "--out", str(path)],
             check=True,
         )  # fmt: skip
@@ -152,7 +152,7 @@ def test_the_final_champion_is_the_best_challenger_that_passed_its_gate(stack, l
 
 def test_the_audit_log_holds_every_alias_move_once(stack, load_runs):
     from mlflow.tracking import MlflowClient
-    from sparktune.registry import audit_log
+    from sparktune.release.registry import audit_log
 
     moves = audit_log(MlflowClient(tracking_uri=stack.mlflow_url), MODEL)
     expected = []

@@ -20,48 +20,20 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 from urllib.parse import quote, unquote
 
 import pytest
 
+try:
+    from tests.stack.ui_steps import UI_TIMEOUT_MS, shot
+except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
+    from ui_steps import UI_TIMEOUT_MS, shot
+
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 
-CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[2] / "test-output" / "ui"
 DAG = "llm_finetune"
 # The one field changed in the form.
 CHANGED_FIELD, CHANGED_VALUE = "max_steps", 10
-UI_TIMEOUT_MS = 60_000  # two cores shared with a training run: the React app can be slow to settle
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser` (apt-get install -y chromium) first")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM))
-        yield browser
-        browser.close()
-
-
-@pytest.fixture
-def page(browser):
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SHOTS.glob("*.png"):
-        old.unlink()
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(UI_TIMEOUT_MS)
-    yield page
-    page.screenshot(path=SHOTS / "99-last-page.png", full_page=True)  # where a failure left it
-    context.close()
-
-
-def _shot(page, name: str) -> None:
-    page.screenshot(path=SHOTS / f"{name}.png", full_page=True)
 
 
 def _open_trigger_form(page, stack):
@@ -96,11 +68,11 @@ def _runs(stack) -> list[dict]:
     return stack.rest("GET", f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"]
 
 
-def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, rest_run, page):
+def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, rest_run, signed_in_page):
+    page = signed_in_page
     started = time.monotonic()
     # A user's DAG is unpaused already (the REST test did it); make sure without changing anything else.
     stack.rest("PATCH", f"/dags/{DAG}", {"is_paused": False})
-    _log_in(page, stack)
     _form_shows_typed_fields_with_bounds_descriptions_and_defaults(page, stack)
     _form_refuses_bad_input_before_a_run_starts(page, stack)
     run_id = _trigger_with_one_field_changed(page, stack)
@@ -110,7 +82,7 @@ def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, rest_run, page):
     _mark_failed(stack, run_id)
     assert rest_run["state"] == "success", {t: ti["state"] for t, ti in rest_run["tasks"].items()}
     page.goto(f"{stack.airflow_url}/dags/{DAG}/runs/{quote(rest_run['dag_run_id'], safe='')}")
-    _shot(page, "10-run-succeeded")
+    shot(page, "10-run-succeeded")
 
     mlflow_run_id = _follow_the_mlflow_run_link_of_train(page, stack, rest_run["dag_run_id"])
     print(f"UI test: form run {run_id}; MLflow run {mlflow_run_id} in {time.monotonic() - started:.0f} s")
@@ -135,26 +107,11 @@ def _mark_failed(stack, run_id: str) -> None:
             time.sleep(2)
 
 
-def _log_in(page, stack) -> None:
-    """SimpleAuthManager's login page, as a person fills it in."""
-    from playwright.sync_api import expect
-
-    page.goto(f"{stack.airflow_url}/")
-    expect(page).to_have_url(re.compile(r"/auth/login"))
-    page.get_by_label("Username").fill(stack.username)
-    page.get_by_label("Password").fill(stack.password)
-    _shot(page, "01-login")
-    page.get_by_role("button", name="Sign in").click()
-    expect(page).not_to_have_url(re.compile(r"/auth/login"))
-    expect(page.get_by_role("button", name="User")).to_be_visible()
-    _shot(page, "02-logged-in")
-
-
 def _form_shows_typed_fields_with_bounds_descriptions_and_defaults(page, stack) -> None:
     from playwright.sync_api import expect
 
     dialog = _open_trigger_form(page, stack)
-    _shot(page, "03-trigger-form")
+    shot(page, "03-trigger-form")
     _open_section(dialog, "Training")
     lora_r = _field(dialog, "lora_r")
     expect(lora_r).to_have_attribute("role", "spinbutton")
@@ -164,7 +121,7 @@ def _form_shows_typed_fields_with_bounds_descriptions_and_defaults(page, stack) 
     expect(_field_root(lora_r)).to_contain_text("LoRA rank.")
     expect(_field_root(_field(dialog, "peft_method"))).to_contain_text("lora: train low-rank adapters")
     expect(_trigger_button(dialog)).to_be_enabled()  # the defaults are a valid run
-    _shot(page, "04-training-section")
+    shot(page, "04-training-section")
 
 
 def _form_refuses_bad_input_before_a_run_starts(page, stack) -> None:
@@ -180,7 +137,7 @@ def _form_refuses_bad_input_before_a_run_starts(page, stack) -> None:
     lora_r.fill("0")
     lora_r.press("Tab")
     expect(lora_r).to_have_value("1")
-    _shot(page, "05-lora-r-0-snaps-to-minimum")
+    shot(page, "05-lora-r-0-snaps-to-minimum")
 
     # b) A required field left empty: a message under it and Trigger disabled.
     page.reload()  # the form keeps its values in memory until the page reloads
@@ -191,7 +148,7 @@ def _form_refuses_bad_input_before_a_run_starts(page, stack) -> None:
     text_column.press("Tab")
     expect(_field_root(text_column)).to_contain_text("This field is required")
     expect(_trigger_button(dialog)).to_be_disabled()
-    _shot(page, "06-required-field-empty")
+    shot(page, "06-required-field-empty")
 
     # c) The run conf typed as JSON (Advanced Options) with lora_r = 0: Airflow checks it against the
     # param's schema, refuses it and the dialog says why.
@@ -204,11 +161,16 @@ def _form_refuses_bad_input_before_a_run_starts(page, stack) -> None:
     # Monaco closes brackets and quotes as they are typed: drop what it added after the text.
     page.keyboard.press("Shift+Control+End")
     page.keyboard.press("Delete")
+    # The form takes the JSON when the editor loses focus and re-renders with the conf's params only
+    # (the Data section goes). A click on Trigger while the editor has focus lands on the re-render
+    # and sends nothing: leave the editor first, as a person's eye does, and wait for the form.
+    dialog.get_by_text(f"Trigger Dag - {DAG}").click()
+    expect(dialog.get_by_role("button", name="Data", exact=True)).to_have_count(0)
     _trigger_button(dialog).click()
     expect(dialog.get_by_test_id("error-alert")).to_contain_text(
         "Invalid input for param lora_r: 0 is less than the minimum of 1"
     )
-    _shot(page, "07-lora-r-0-refused")
+    shot(page, "07-lora-r-0-refused")
     assert {run["dag_run_id"] for run in _runs(stack)} == runs_before, "a refused trigger started a run"
 
 
@@ -223,12 +185,12 @@ def _trigger_with_one_field_changed(page, stack) -> str:
     field.fill(str(CHANGED_VALUE))
     field.press("Tab")
     expect(field).to_have_value(str(CHANGED_VALUE))
-    _shot(page, "08-max-steps-changed")
+    shot(page, "08-max-steps-changed")
     _trigger_button(dialog).click()
     expect(page).to_have_url(re.compile(rf"/dags/{DAG}/runs/[^/?]+"))
     run_id = unquote(re.search(rf"/dags/{DAG}/runs/([^/?]+)", page.url).group(1))
     expect(page.get_by_text(run_id).first).to_be_visible()  # the URL changes before the page renders
-    _shot(page, "09-triggered")
+    shot(page, "09-triggered")
 
     run = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
     assert run["run_type"] == "manual" and run["triggered_by"] == "ui", run
@@ -255,7 +217,7 @@ def _follow_the_mlflow_run_link_of_train(page, stack, run_id: str) -> str:
     assert href.startswith(stack.mlflow_url) and mlflow_run_id in href, href
     # train_backend=local started no Databricks run: no button to a page that does not exist.
     expect(page.get_by_role("link", name=re.compile("Databricks"))).to_have_count(0)
-    _shot(page, "11-train-extra-links")
+    shot(page, "11-train-extra-links")
 
     with page.context.expect_page() as opened:  # another origin: the UI opens it in a new tab
         link.click()
@@ -263,7 +225,7 @@ def _follow_the_mlflow_run_link_of_train(page, stack, run_id: str) -> str:
     mlflow_page.set_default_timeout(UI_TIMEOUT_MS)
     # MLflow redirects #/runs/<id> to #/experiments/<experiment>/runs/<id>.
     expect(mlflow_page).to_have_url(re.compile(rf"^{re.escape(stack.mlflow_url)}/.*runs/{mlflow_run_id}"))
-    expect(mlflow_page.get_by_text(mlflow_run_id).first).to_be_visible()  # "Run ID" on its Overview
-    expect(mlflow_page.get_by_text(f"{DAG}-{run_id}").first).to_be_visible()  # the run's name
-    _shot(mlflow_page, "12-mlflow-run")
+    expect(mlflow_page.get_by_text(mlflow_run_id).first).to_be_visible()  # "Run ID"
+    expect(mlflow_page.get_by_text(f"{DAG}-{run_id}").first).to_be_visible()  # its name
+    shot(mlflow_page, "12-mlflow-run")
     return mlflow_run_id

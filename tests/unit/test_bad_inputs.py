@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sparktune.params import parse_params
+from sparktune.core.params import parse_params
 
 pytestmark = pytest.mark.spark
 
@@ -42,7 +42,7 @@ def write_parquet(path: Path, columns: dict[str, pa.Array]) -> Path:
 
 
 def run(spark, tokenizer_path: str, tmp_path: Path, source: Path | str, **params):
-    from sparktune.prepare import run_prepare
+    from sparktune.data.prepare_publish import run_prepare
 
     conf = {"source_uri": str(source), "quality_column": "", **params}
     return run_prepare(spark, parse_params(conf), tokenizer_path, str(tmp_path / "lake"))
@@ -104,7 +104,7 @@ def empty_table(spark, tmp_path: Path) -> str:
     ids=["header-only-csv", "empty-folder", "empty-folder-as-parquet", "empty-table"],
 )
 def test_empty_input(spark, tokenizer_path, tmp_path, make_source, source_format, found):
-    from sparktune.prepare import EmptySourceError
+    from sparktune.data.prepare_errors import EmptySourceError
 
     source = make_source(spark, tmp_path)
     with pytest.raises(EmptySourceError) as err:
@@ -121,7 +121,7 @@ def test_empty_input(spark, tokenizer_path, tmp_path, make_source, source_format
 def test_missing_label_column_names_the_path_the_columns_found_and_a_close_match(
     spark, tokenizer_path, tmp_path
 ):
-    from sparktune.prepare import MissingColumnsError
+    from sparktune.data.prepare_errors import MissingColumnsError
 
     source = tmp_path / "tickets.csv"
     source.write_text(f"message,intent\n{GOOD},billing\n")
@@ -149,7 +149,7 @@ def test_missing_label_column_names_the_path_the_columns_found_and_a_close_match
     ids=["struct", "array", "binary"],
 )
 def test_wrong_text_column_type(spark, tokenizer_path, tmp_path, column, shown):
-    from sparktune.prepare import WrongColumnTypeError
+    from sparktune.data.prepare_errors import WrongColumnTypeError
 
     source = write_parquet(tmp_path / "tickets.parquet", {"message": column, "intent_label": ["billing"]})
     with pytest.raises(WrongColumnTypeError) as err:
@@ -162,7 +162,7 @@ def test_wrong_text_column_type(spark, tokenizer_path, tmp_path, column, shown):
 
 
 def test_wrong_types_of_several_columns_are_reported_together(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import WrongColumnTypeError
+    from sparktune.data.prepare_errors import WrongColumnTypeError
 
     source = write_jsonl(
         tmp_path / "tickets.jsonl",
@@ -189,7 +189,7 @@ def test_numeric_labels_are_not_a_wrong_type(spark, tokenizer_path, tmp_path):
 
 
 def test_all_labels_null(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import NoRowsLeftError
+    from sparktune.data.prepare_errors import NoRowsLeftError
 
     source = write_jsonl(
         tmp_path / "tickets.jsonl",
@@ -211,7 +211,7 @@ def test_all_labels_null(spark, tokenizer_path, tmp_path):
 
 
 def test_every_text_too_short(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import NoRowsLeftError
+    from sparktune.data.prepare_errors import NoRowsLeftError
 
     source = tmp_path / "tickets.csv"
     source.write_text("message,intent_label\nhi,greeting\nhelp!!,other\n  ok  ,other\n")
@@ -254,7 +254,7 @@ def test_every_row_a_duplicate_passes_with_one_row_and_says_why(spark, tokenizer
     ],
 )
 def test_unknown_file_format(spark, tokenizer_path, tmp_path, name, content, hint):
-    from sparktune.prepare import UnsupportedFormatError
+    from sparktune.data.prepare_errors import UnsupportedFormatError
 
     source = tmp_path / name
     source.write_bytes(content)
@@ -276,7 +276,7 @@ def test_unknown_file_format(spark, tokenizer_path, tmp_path, name, content, hin
 
 
 def test_unknown_formats_inside_a_folder(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import UnsupportedFormatError
+    from sparktune.data.prepare_errors import UnsupportedFormatError
 
     folder = tmp_path / "export"
     folder.mkdir()
@@ -328,7 +328,7 @@ def latin1_jsonl_all_bad(tmp_path: Path) -> Path:
     ids=["csv", "jsonl-one-line", "jsonl-every-line"],
 )
 def test_bytes_that_are_not_utf8(spark, tokenizer_path, tmp_path, make_source, bad_file, shown):
-    from sparktune.prepare import EncodingError
+    from sparktune.data.prepare_errors import EncodingError
 
     source = make_source(tmp_path)
     with pytest.raises(EncodingError) as err:
@@ -346,7 +346,7 @@ def test_bytes_that_are_not_utf8(spark, tokenizer_path, tmp_path, make_source, b
 
 
 def test_lines_that_are_not_json(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import UnreadableSourceError
+    from sparktune.data.prepare_errors import UnreadableSourceError
 
     source = tmp_path / "tickets.jsonl"
     source.write_text(json.dumps({"message": GOOD, "intent_label": "billing"}) + '\n{"message": "cut off\n')
@@ -357,7 +357,7 @@ def test_lines_that_are_not_json(spark, tokenizer_path, tmp_path):
 
 
 def test_a_file_that_is_not_parquet(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import UnreadableSourceError
+    from sparktune.data.prepare_errors import UnreadableSourceError
 
     source = tmp_path / "tickets.parquet"
     source.write_text(f"message,intent_label\n{GOOD},billing\n")

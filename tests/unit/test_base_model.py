@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sparktune import base_model
-from sparktune.base_model import (
+from sparktune.core.config import TINY_BASE_MODEL
+from sparktune.model import base_model
+from sparktune.model.base_model import (
     RECORD_FILE,
     ROUND_TRIP_PROBE,
     BaseModelError,
@@ -15,8 +16,7 @@ from sparktune.base_model import (
     ensure_base_model,
     read_build_record,
 )
-from sparktune.config import TINY_BASE_MODEL
-from sparktune.demo_data import demo_corpus
+from sparktune.model.builtin_corpus import demo_corpus
 
 # Deliberately small: a few seconds on CPU, yet the same code path as the default build.
 SMALL = dict(
@@ -181,7 +181,7 @@ def test_ensure_builds_the_tiny_model_once(tmp_path, monkeypatch):
 _GATED_BUILDER = """
 import logging, os, sys, time
 from pathlib import Path
-from sparktune import base_model
+from sparktune.model import base_model
 
 models, gate = Path(sys.argv[1]), Path(sys.argv[2])
 logging.basicConfig(stream=sys.stderr, format="%(name)s %(message)s")

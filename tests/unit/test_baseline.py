@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from sparktune.baseline import BASELINE_URI, baseline_metrics, evaluate_baseline, fit_predict
-from sparktune.comparison import paired_comparison
-from sparktune.demo_data import generate_support_tickets
-from sparktune.evaluation import EvalResult
+from sparktune.model.builtin_corpus import generate_support_tickets
+from sparktune.release.baseline import BASELINE_URI, baseline_metrics, evaluate_baseline, fit_predict
+from sparktune.release.comparison import paired_comparison
+from sparktune.release.evaluation import EvalResult
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
     import tiny_model
 
 # Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 # Measured here (seed 7, batch 16): full reaches 0.96 test accuracy at 120 steps; LoRA on q/v plus
@@ -35,7 +35,7 @@ def _request(root: Path, name: str, **overrides):
 
 @pytest.fixture(scope="module")
 def lora_run(root):
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     # lora_modules_to_save=lm_head comes from the causal config: the classifier has no lm_head,
     # so it is dropped with a warning and peft trains the head (score) in full by itself.
@@ -45,7 +45,7 @@ def lora_run(root):
 
 @pytest.fixture(scope="module")
 def full_run(root):
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     with leak_guard.mlflow_restored():
         return train(_request(root, "cls-full"))
@@ -61,14 +61,14 @@ def client(root):
 def _load(root: Path, model_uri: str):
     """The logged model as users load it (``mlflow.pyfunc.load_model``)."""
     import mlflow
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
 
     with using_tracking_uri(tiny_model.tracking_uri(root)):
         return mlflow.pyfunc.load_model(model_uri)
 
 
 def test_packing_is_rejected_for_sequence_classification():
-    from sparktune.params import InvalidParamsError, parse_params
+    from sparktune.core.params import InvalidParamsError, parse_params
 
     with pytest.raises(InvalidParamsError, match="packing: task=sequence_classification") as err:
         parse_params({"task": "sequence_classification", "packing": True})
@@ -112,7 +112,8 @@ def test_logged_model_is_a_text_classifier_that_reproduces_the_logits(root, lora
 
     import mlflow
     import torch
-    from sparktune.training import using_tracking_uri, verify_logged_model
+    from sparktune.model.logged_model import verify_logged_model
+    from sparktune.model.process_setup import using_tracking_uri
     from transformers import AutoModelForCausalLM
 
     with using_tracking_uri(tiny_model.tracking_uri(root)):
@@ -153,7 +154,8 @@ def test_logged_model_is_a_text_classifier_that_reproduces_the_logits(root, lora
 
 def test_verification_compares_classification_logits(root, full_run):
     import torch
-    from sparktune.training import ModelVerificationError, using_tracking_uri, verify_logged_model
+    from sparktune.model.logged_model import ModelVerificationError, verify_logged_model
+    from sparktune.model.process_setup import using_tracking_uri
 
     loaded = _load(root, full_run.model_uri).unwrap_python_model()
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -168,7 +170,7 @@ def test_verification_compares_classification_logits(root, full_run):
 
 
 def test_evaluate_model_scores_the_classifier(root, lora_run, full_run, tmp_path):
-    from sparktune.evaluation import evaluate_model
+    from sparktune.release.evaluation import evaluate_model
 
     uri = tiny_model.tracking_uri(root)
     full = evaluate_model(full_run.model_uri, str(root / "data"), tracking_uri=uri, batch_size=16)
@@ -197,7 +199,9 @@ def test_evaluate_model_scores_the_classifier(root, lora_run, full_run, tmp_path
 
 
 def test_a_crashed_classification_run_resumes_from_its_checkpoint(root, lora_run, client, monkeypatch):
-    from sparktune.training import RESUMED_FROM_TAG, TokenCountingMixin, train
+    from sparktune.model.train_runs import RESUMED_FROM_TAG
+    from sparktune.model.training import train
+    from sparktune.model.training_setup import TokenCountingMixin
 
     # 256 rows / batch 16: an epoch is 16 steps. Checkpoints every 16 steps put the one resumed from
     # on an epoch boundary, where resuming is bit-exact; mid-epoch the length-grouped sampler redraws
@@ -240,8 +244,8 @@ def test_a_crashed_classification_run_resumes_from_its_checkpoint(root, lora_run
 
 
 def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
-    from sparktune.evaluation import evaluate_model
-    from sparktune.training import train
+    from sparktune.model.training import train
+    from sparktune.release.evaluation import evaluate_model
 
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")  # labels as strings
     request = replace(
@@ -260,7 +264,7 @@ def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
 
 def test_the_classification_adapter_serves_label_names_as_a_pyfunc(root, lora_run, full_run):
     import mlflow
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
 
     assert full_run.adapter_model_uri == ""
     with using_tracking_uri(tiny_model.tracking_uri(root)):

@@ -1,4 +1,4 @@
-"""The paired bootstrap of challenger - champion on the same test rows (sparktune.comparison)."""
+"""The paired bootstrap of challenger - champion on the same test rows (sparktune.release.comparison)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from sparktune.comparison import (
+from sparktune.release.comparison import (
     ComparisonInputError,
     LabelChange,
     PairedComparison,
@@ -14,7 +14,7 @@ from sparktune.comparison import (
     label_change,
     paired_comparison,
 )
-from sparktune.evaluation import INVALID_PREDICTION, EvalResult
+from sparktune.release.evaluation import INVALID_PREDICTION, EvalResult
 
 LABELS = ["billing", "login", "refund"]
 
@@ -116,7 +116,7 @@ def test_the_intervals_are_a_direct_numpy_paired_bootstrap():
         _result(truth, challenger), _result(truth, champion), n_resamples=resamples, seed=seed
     )
 
-    # The same draws as sparktune.metrics.bootstrap_cis: one matrix of row indices, seeded.
+    # The same draws as sparktune.release.metrics.bootstrap_cis: one matrix of row indices, seeded.
     idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n), dtype=np.int32)
     t, a, b = np.array(truth), np.array(challenger), np.array(champion)
     accuracy = (a[idx] == t[idx]).mean(axis=1) - (b[idx] == t[idx]).mean(axis=1)

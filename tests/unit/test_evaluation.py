@@ -15,7 +15,7 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
     import tiny_model
 
 # Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
@@ -26,7 +26,7 @@ def full_run(root):
 
 @pytest.fixture(scope="module")
 def test_result(root, full_run):
-    from sparktune.evaluation import evaluate_model
+    from sparktune.release.evaluation import evaluate_model
 
     with leak_guard.mlflow_restored():  # evaluate_model leaves MLflow's global tracking URI set
         return evaluate_model(
@@ -57,7 +57,7 @@ def test_metric_names(test_result):
 
 
 def test_eval_loss_is_the_completion_loss_training_reported(root, full_run):
-    from sparktune.evaluation import evaluate_model
+    from sparktune.release.evaluation import evaluate_model
 
     # Every completion is two tokens (label, eos), so the trainer's per-batch means average to the
     # same per-token mean this computes over the validation split.
@@ -69,8 +69,8 @@ def test_eval_loss_is_the_completion_loss_training_reported(root, full_run):
 
 def test_registered_model_uri_gives_the_same_deterministic_result(root, full_run, test_result):
     import mlflow
-    from sparktune.evaluation import evaluate_model
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
+    from sparktune.release.evaluation import evaluate_model
 
     uri = tiny_model.tracking_uri(root)
     with using_tracking_uri(uri):
@@ -85,7 +85,7 @@ def test_registered_model_uri_gives_the_same_deterministic_result(root, full_run
 
 
 def test_streaming_mode_evaluates_the_prepared_parquet_alike(root, full_run, test_result, tmp_path):
-    from sparktune.evaluation import evaluate_model
+    from sparktune.release.evaluation import evaluate_model
 
     # dataset_mode=streaming hands evaluation the prepared Parquet (string labels), not a dataset.
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")
@@ -96,7 +96,7 @@ def test_streaming_mode_evaluates_the_prepared_parquet_alike(root, full_run, tes
 
 
 def test_untrained_local_folder_scores_lower(root, test_result):
-    from sparktune.evaluation import evaluate_model
+    from sparktune.release.evaluation import evaluate_model
 
     result = evaluate_model(str(root / "model"), str(root / "data"), max_examples=8)
     assert result.n_examples == 8
@@ -106,7 +106,7 @@ def test_untrained_local_folder_scores_lower(root, test_result):
 
 
 def test_cli_writes_the_result(root, full_run, tmp_path, capsys):
-    from sparktune.evaluation import main
+    from sparktune.jobs.evaluate import main
 
     output = tmp_path / "eval" / "result.json"
     code = main(
@@ -128,11 +128,13 @@ def test_cli_writes_the_result(root, full_run, tmp_path, capsys):
     assert code == 0
     written = json.loads(output.read_text())
     assert written["n_examples"] == 8 and written["split"] == "validation"
-    assert "sparktune.evaluation" in capsys.readouterr().out
+    assert "sparktune-evaluate" in capsys.readouterr().out
 
 
 def test_bad_inputs_are_reported(root, tmp_path):
-    from sparktune.evaluation import EvaluationInputError, evaluate_model, main
+    from sparktune.jobs.evaluate import main
+    from sparktune.release.eval_inputs import EvaluationInputError
+    from sparktune.release.evaluation import evaluate_model
 
     with pytest.raises(EvaluationInputError, match="no split 'holdout'"):
         evaluate_model(str(root / "model"), str(root / "data"), split="holdout")
@@ -143,7 +145,7 @@ def test_bad_inputs_are_reported(root, tmp_path):
 
 
 def test_metric_names_are_safe_for_mlflow():
-    from sparktune.evaluation import EvalResult
+    from sparktune.release.evaluation import EvalResult
 
     result = EvalResult(
         eval_loss=0.5,
@@ -167,7 +169,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_all_correct_gives_a_degenerate_interval_at_one():
-    from sparktune.metrics import accuracy_statistic, bootstrap_ci, classification_cis, macro_f1_statistic
+    from sparktune.release.metrics import (
+        accuracy_statistic,
+        bootstrap_ci,
+        classification_cis,
+        macro_f1_statistic,
+    )
 
     labels = [0, 1, 2, 3] * 25
     assert bootstrap_ci(accuracy_statistic(labels, labels), 100) == (1.0, 1.0)
@@ -178,7 +185,7 @@ def test_all_correct_gives_a_degenerate_interval_at_one():
 
 def test_a_fair_coin_gives_the_binomial_interval():
     import numpy as np
-    from sparktune.metrics import accuracy_statistic, bootstrap_ci
+    from sparktune.release.metrics import accuracy_statistic, bootstrap_ci
 
     n = 4000
     correct = np.random.default_rng(7).random(n) < 0.5
@@ -197,7 +204,7 @@ def test_a_fair_coin_gives_the_binomial_interval():
 def test_resampled_macro_f1_is_sklearns_with_invalid_predictions():
     import numpy as np
     from sklearn.metrics import f1_score
-    from sparktune.metrics import macro_f1_statistic
+    from sparktune.release.metrics import macro_f1_statistic
 
     rng = np.random.default_rng(3)
     truth = rng.integers(0, 5, 200)
@@ -212,7 +219,7 @@ def test_resampled_macro_f1_is_sklearns_with_invalid_predictions():
 
 def test_the_loss_interval_resamples_examples_for_the_per_token_mean():
     import numpy as np
-    from sparktune.metrics import bootstrap_cis, ratio_statistic
+    from sparktune.release.metrics import bootstrap_cis, ratio_statistic
 
     # Two examples: 1 token of loss 1.0, 3 tokens of total loss 9.0; resamples of both, one or the other.
     statistic = ratio_statistic([1.0, 9.0], [1, 3])
@@ -227,7 +234,7 @@ def test_bootstrap_costs_well_under_a_second_for_thousands_of_examples():
     import time
 
     import numpy as np
-    from sparktune.metrics import classification_cis
+    from sparktune.release.metrics import classification_cis
 
     rng = np.random.default_rng(0)
     n = 5000
@@ -255,7 +262,7 @@ def test_intervals_bracket_the_point_estimates(test_result):
 
 
 def test_per_example_outcomes_reproduce_the_metrics(test_result):
-    from sparktune.evaluation import EvalResult
+    from sparktune.release.evaluation import EvalResult
 
     n = test_result.n_examples
     assert len(test_result.y_true) == len(test_result.y_pred) == len(test_result.example_loss) == n
@@ -275,7 +282,7 @@ def test_per_example_outcomes_reproduce_the_metrics(test_result):
 
 
 def test_confusion_matrix_png(test_result, tmp_path):
-    from sparktune.evaluation import confusion_matrix_figure
+    from sparktune.release.evaluation import confusion_matrix_figure
 
     path = confusion_matrix_figure(test_result, tmp_path / "figures" / "confusion.png")
     data = path.read_bytes()
@@ -284,7 +291,7 @@ def test_confusion_matrix_png(test_result, tmp_path):
 
 
 def test_confusion_columns_end_with_invalid(tmp_path):
-    from sparktune.evaluation import EvalResult, confusion_columns, confusion_matrix_figure
+    from sparktune.release.evaluation import EvalResult, confusion_columns, confusion_matrix_figure
 
     result = EvalResult(
         eval_loss=1.0,
@@ -303,7 +310,7 @@ def test_confusion_columns_end_with_invalid(tmp_path):
 
 
 def test_cli_writes_the_confusion_matrix_beside_the_result(root, full_run, tmp_path):
-    from sparktune.evaluation import main
+    from sparktune.jobs.evaluate import main
 
     output = tmp_path / "eval_challenger.json"
     args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "8"]
@@ -322,8 +329,8 @@ def test_cli_writes_the_confusion_matrix_beside_the_result(root, full_run, tmp_p
 
 
 def test_cli_evaluates_the_champion_in_the_same_process_on_the_same_rows(root, full_run, tmp_path):
-    from sparktune.comparison import compare_result_files
-    from sparktune.evaluation import main
+    from sparktune.jobs.evaluate import main
+    from sparktune.release.comparison import compare_result_files
 
     args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "8"]
     args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
@@ -343,9 +350,9 @@ def test_cli_evaluates_the_champion_in_the_same_process_on_the_same_rows(root, f
 
 
 def test_cli_scores_the_baseline_from_the_train_split_on_the_same_rows(root, full_run, tmp_path, capsys):
-    from sparktune.baseline import BASELINE_URI
-    from sparktune.comparison import compare_result_files
-    from sparktune.evaluation import main
+    from sparktune.jobs.evaluate import main
+    from sparktune.release.baseline import BASELINE_URI
+    from sparktune.release.comparison import compare_result_files
 
     args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data"), "--max-examples", "16"]
     args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
@@ -390,7 +397,8 @@ def test_the_result_records_the_labels_the_model_was_trained_on(test_result):
 
 
 def test_a_classifier_of_other_labels_is_refused_unless_allowed_as_the_champion(root, tmp_path):
-    from sparktune.evaluation import EvaluationInputError, evaluate_model
+    from sparktune.release.eval_inputs import EvaluationInputError
+    from sparktune.release.evaluation import evaluate_model
 
     other = _classifier(tmp_path / "other", ["cancel", "upgrade"])
     with pytest.raises(EvaluationInputError, match="trained on other labels"):
@@ -401,8 +409,9 @@ def test_a_classifier_of_other_labels_is_refused_unless_allowed_as_the_champion(
 
 
 def test_cli_scores_a_champion_of_another_label_set_and_pairs_the_shared_label_rows(root, full_run, tmp_path):
-    from sparktune.comparison import compare_result_files, label_change
-    from sparktune.evaluation import EvalResult, main
+    from sparktune.jobs.evaluate import main
+    from sparktune.release.comparison import compare_result_files, label_change
+    from sparktune.release.evaluation import EvalResult
 
     # The champion knew billing and login, and "account", since dropped; shipping and refund are new.
     champion = _classifier(tmp_path / "champion", ["account", "billing", "login"])

@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
-from sparktune.feedback import (
+from sparktune.serve.feedback import (
     CORRECTIONS_DIR,
     FeedbackError,
     corrections_present,
@@ -80,8 +80,8 @@ def test_corrections_take_the_scored_text_and_the_latest_label_per_id(spark, tmp
 def test_a_served_answer_captured_by_the_server_can_be_corrected_by_its_id(spark, tmp_path):
     """The serving endpoint's capture table is a source of scored rows: a reviewer corrects an
     answer by ``<request_id>:<row>`` and the text comes from the capture."""
-    from sparktune.feedback import captured_row_id
-    from sparktune.serving.capture import CaptureWriter
+    from sparktune.serve.capture import CaptureWriter
+    from sparktune.serve.feedback import captured_row_id
 
     feedback, captures = str(tmp_path / "feedback"), str(tmp_path / "serving_captures")
     _scored(spark, feedback, date(2026, 11, 20), [("a", "where is my parcel", "refund")])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sparktune.fingerprint import data_fingerprint, preparation_params, tokenizer_fingerprint
-from sparktune.params import parse_params
+from sparktune.core.params import parse_params
+from sparktune.data.fingerprint import data_fingerprint, preparation_params, tokenizer_fingerprint
 
 SCHEMA = (
     "example_id string, text string, label string, prompt string, "

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from sparktune.gate import decide, gate_rules
-from sparktune.params import parse_params
+from sparktune.core.params import parse_params
+from sparktune.release.gate import decide, gate_rules
 
 # The per-class rule is off in the tests of other rules: their challengers carry no recalls.
 RULES = gate_rules(
@@ -56,7 +56,7 @@ def test_unknown_mode_is_refused():
 def _comparison(
     difference: float, low: float, high: float, *, f1: tuple[float, float, float] = (0.0, 0.0, 0.0)
 ):
-    from sparktune.comparison import PairedComparison, PairedDifference
+    from sparktune.release.comparison import PairedComparison, PairedDifference
 
     return PairedComparison(
         n_examples=300,
@@ -162,8 +162,8 @@ def test_without_a_champion_the_comparison_is_ignored_and_the_first_model_is_gat
 
 
 def test_a_real_paired_comparison_blocks_a_challenger_whose_point_estimate_passes():
-    from sparktune.comparison import paired_comparison
-    from sparktune.evaluation import EvalResult
+    from sparktune.release.comparison import paired_comparison
+    from sparktune.release.evaluation import EvalResult
 
     # 300 rows; the models disagree on 40: the challenger is right on 20 of them, the champion on
     # 20 others. Equal accuracy, but 40 coin flips leave room for a drop well beyond 0.02.
@@ -244,7 +244,7 @@ def test_max_class_regression_without_a_champion_or_without_recalls():
 
 
 def test_a_blocked_gate_gives_the_failed_reasons_and_a_last_line_naming_the_version():
-    from sparktune.gate import blocked_promotion_lines
+    from sparktune.release.gate import blocked_promotion_lines
 
     blocked = decide(_rules(), _challenger(0.75, 0.68, 0.81), None, "enabled")
     summary = {**blocked.to_summary(), "model_name": "support-intent", "challenger_version": "4"}
@@ -272,7 +272,7 @@ def _baseline(
     diff: float = -0.21,
     diff_ci: tuple[float, float] | None = (-0.26, -0.16),
 ) -> dict[str, float]:
-    """What EvaluateModelOperator returns under "baseline" (sparktune.baseline.baseline_metrics)."""
+    """What EvaluateModelOperator returns under "baseline" (sparktune.release.baseline.baseline_metrics)."""
     out = {
         "baseline_accuracy": accuracy,
         "baseline_macro_f1": accuracy - 0.01,
@@ -346,7 +346,7 @@ def test_min_margin_over_baseline_without_baseline_numbers_passes_and_says_why()
 
 
 def _change(added=("refund_request",), removed=("billing",), n_rows=300, n_shared_rows=200):
-    from sparktune.comparison import LabelChange
+    from sparktune.release.comparison import LabelChange
 
     return LabelChange(list(added), list(removed), n_rows, n_shared_rows)
 

@@ -26,8 +26,8 @@ SCORED_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 def registered(root, torch_single_thread):
     """The tiny full fine-tune registered as MODEL_NAME@champion; returns (root, tracking uri)."""
     from mlflow.tracking import MlflowClient
-    from sparktune.registry import register_run_model
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
+    from sparktune.release.registry import register_run_model
 
     result = tiny_model.trained(root, "full")
     uri = tiny_model.tracking_uri(root)
@@ -42,7 +42,7 @@ def registered(root, torch_single_thread):
 
 @pytest.fixture(scope="module")
 def model_ref(registered):
-    from sparktune.inference import resolve_model
+    from sparktune.serve.inference import resolve_model
 
     root, uri = registered
     with leak_guard.mlflow_restored():  # resolve_model points MLflow's globals at uri (using_tracking_uri)
@@ -62,7 +62,7 @@ def source(spark, rows):
 
 @pytest.fixture(scope="module")
 def scored(source, model_ref):
-    from sparktune.inference import score_dataframe
+    from sparktune.serve.inference import score_dataframe
 
     return score_dataframe(
         source, model_ref, text_column="body", id_column="ticket_id", batch_size=8, scored_at=SCORED_AT
@@ -80,7 +80,7 @@ def test_resolve_model_reads_the_alias_tags_and_run(model_ref):
 
 
 def test_resolve_model_reuses_the_download(registered, model_ref):
-    from sparktune.inference import resolve_model
+    from sparktune.serve.inference import resolve_model
 
     root, uri = registered
     again = resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
@@ -88,7 +88,7 @@ def test_resolve_model_reuses_the_download(registered, model_ref):
 
 
 def test_missing_alias_is_a_clear_error(registered):
-    from sparktune.inference import InferenceInputError, resolve_model
+    from sparktune.serve.inference import InferenceInputError, resolve_model
 
     root, uri = registered
     with pytest.raises(InferenceInputError) as err:
@@ -100,7 +100,7 @@ def test_missing_alias_is_a_clear_error(registered):
 
 
 def test_columns_types_and_one_row_per_id(scored, rows):
-    from sparktune.inference import OUTPUT_COLUMNS
+    from sparktune.serve.inference import OUTPUT_COLUMNS
 
     assert list(scored.columns) == [*OUTPUT_COLUMNS, "date"]
     assert sorted(scored["id"]) == sorted(r["example_id"] for r in rows)
@@ -121,8 +121,8 @@ def test_predictions_are_labels_and_mostly_right(scored, rows):
 
 def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
     """Length sorting and batching restore row identity: each row scores as it does alone."""
-    from sparktune.inference import load_cached
-    from sparktune.label_scoring import score_texts
+    from sparktune.core.label_scoring import score_texts
+    from sparktune.serve.inference import load_cached
 
     loaded = load_cached(model_ref)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -137,7 +137,7 @@ def test_scores_match_unsorted_single_row_scoring(scored, rows, model_ref):
 def _completion_loss_scores(model, tokenizer, texts, ref):
     """The reference: every prompt x candidate scored by label_scoring.completion_loss, one pass each."""
     import torch
-    from sparktune.label_scoring import completion_loss, format_example
+    from sparktune.core.label_scoring import completion_loss, format_example
 
     prompts = [format_example(ref.prompt_template, text, "")[0] for text in texts]
     completions = [format_example(ref.prompt_template, "", label)[1] for label in ref.labels]
@@ -162,9 +162,9 @@ def _mixed_length_texts(rows):
 
 def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypatch):
     """One pass over the prompts + one over the candidates (KV cache reused) = completion_loss."""
-    import sparktune.label_scoring
-    from sparktune.inference import load_cached
-    from sparktune.label_scoring import score_texts
+    import sparktune.core.label_scoring
+    from sparktune.core.label_scoring import score_texts
+    from sparktune.serve.inference import load_cached
 
     loaded = load_cached(model_ref)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -174,7 +174,7 @@ def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypa
     def no_fallback(*args, **kwargs):
         raise AssertionError("every prompt here should be scored through its KV cache")
 
-    monkeypatch.setattr(sparktune.label_scoring, "completion_loss", no_fallback)
+    monkeypatch.setattr(sparktune.core.label_scoring, "completion_loss", no_fallback)
     predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=len(texts))
     assert predictions == expected[0]
     assert scores == pytest.approx(expected[1], abs=1e-4)
@@ -191,9 +191,9 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
     through the cache, and the batch comes back in order."""
     import dataclasses
 
-    import sparktune.label_scoring
-    from sparktune.inference import load_cached
-    from sparktune.label_scoring import score_texts
+    import sparktune.core.label_scoring
+    from sparktune.core.label_scoring import score_texts
+    from sparktune.serve.inference import load_cached
 
     loaded = load_cached(model_ref)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -201,13 +201,13 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
     texts = _mixed_length_texts(rows) + [r["text"] for r in rows[:6]]
     expected = _completion_loss_scores(model, tokenizer, texts, ref)
     calls = []
-    original = sparktune.label_scoring.completion_loss
+    original = sparktune.core.label_scoring.completion_loss
 
     def counting(model, tokenizer, prompts, completions, batch_size):
         calls.append(len(prompts) // len(ref.labels))
         return original(model, tokenizer, prompts, completions, batch_size)
 
-    monkeypatch.setattr(sparktune.label_scoring, "completion_loss", counting)
+    monkeypatch.setattr(sparktune.core.label_scoring, "completion_loss", counting)
     predictions, scores = score_texts(model, tokenizer, texts, ref, batch_size=len(texts))
     assert 0 < sum(calls) < len(texts)  # both paths in one batch
     assert predictions == expected[0]
@@ -216,22 +216,22 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
 
 def test_a_cache_that_cannot_be_reused_falls_back_to_completion_loss(model_ref, rows, monkeypatch):
     """A model whose cache holds recurrent state (or a short sliding window) is scored as before."""
-    import sparktune.inference
-    from sparktune.inference import load_cached
-    from sparktune.label_scoring import score_texts
+    import sparktune.serve.inference
+    from sparktune.core.label_scoring import score_texts
+    from sparktune.serve.inference import load_cached
 
     loaded = load_cached(model_ref)
     model, tokenizer = loaded.model, loaded.tokenizer
     texts = _mixed_length_texts(rows)
     expected = _completion_loss_scores(model, tokenizer, texts, model_ref)
-    monkeypatch.setattr(sparktune.label_scoring, "_cache_reusable", lambda cache, length: False)
+    monkeypatch.setattr(sparktune.core.label_scoring, "_cache_reusable", lambda cache, length: False)
     predictions, scores = score_texts(model, tokenizer, texts, model_ref, batch_size=4)
     assert predictions == expected[0]
     assert scores == pytest.approx(expected[1], abs=1e-4)
 
 
 def test_min_score_keeps_rows_at_or_above_it(source, model_ref, scored):
-    from sparktune.inference import score_dataframe
+    from sparktune.serve.inference import score_dataframe
 
     threshold = float(scored["score"].median())
     kept = score_dataframe(
@@ -248,7 +248,7 @@ def test_min_score_keeps_rows_at_or_above_it(source, model_ref, scored):
 
 
 def test_bad_columns_are_listed_together(source, model_ref):
-    from sparktune.inference import InferenceInputError, score_dataframe
+    from sparktune.serve.inference import InferenceInputError, score_dataframe
 
     with pytest.raises(InferenceInputError) as err:
         score_dataframe(source, model_ref, text_column="x", id_column="y", batch_size=0, scored_at=SCORED_AT)
@@ -256,7 +256,7 @@ def test_bad_columns_are_listed_together(source, model_ref):
 
 
 def test_write_is_idempotent_per_run_date(spark, tmp_path, source, model_ref):
-    from sparktune.inference import score_dataframe, write_predictions
+    from sparktune.serve.inference import score_dataframe, write_predictions
 
     out = str(tmp_path / "predictions")
     small = source.limit(10)
@@ -284,7 +284,7 @@ def test_a_dated_write_plans_no_sort_and_leaves_the_session_conf_as_it_was(spark
     # predictions that held the JVM at its heap. Many dates (more than the open-writer limit)
     # still land in their own partitions, through Spark's fallback to the sort.
     from pyspark.sql import functions as F
-    from sparktune.inference import _CONCURRENT_WRITERS, _CONCURRENT_WRITERS_CONF, write_dated_partition
+    from sparktune.serve.inference import _CONCURRENT_WRITERS, _CONCURRENT_WRITERS_CONF, write_dated_partition
 
     spark._jsparkSession.sharedState().statusStore()  # listening from here on
     before = spark.conf.get(_CONCURRENT_WRITERS_CONF, None)

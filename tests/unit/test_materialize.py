@@ -13,14 +13,9 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sparktune.materialize import (
-    MARKER,
-    MaterializeError,
-    find_published,
-    materialize_dataset,
-    open_dataset,
-    write_dataset_dict,
-)
+from sparktune.data.materialize import materialize_dataset, write_dataset_dict
+from sparktune.data.materialize_errors import MaterializeError
+from sparktune.data.published_dataset import MARKER, find_published, open_dataset
 
 LABELS = ["billing", "login", "shipping"]
 SPLITS = ["train", "validation", "test"]
@@ -148,7 +143,7 @@ def test_retried_tasks_leave_only_the_winning_attempts_shards(tmp_path):
             from pyspark import TaskContext
             from pyspark.sql import SparkSession, functions as F
             from pyspark.sql.types import LongType
-            from sparktune.materialize import write_dataset_dict
+            from sparktune.data.materialize import write_dataset_dict
 
             spark = SparkSession.builder.master("local[1,2]").getOrCreate()
 
@@ -251,7 +246,7 @@ def test_file_uris_work_like_paths(spark, tmp_path):
 
 
 def test_job_reuses_without_a_session_and_reports_bad_input(spark, tmp_path, monkeypatch):
-    import sparktune.materialize
+    import sparktune.data.materialize
     from sparktune.jobs.materialize_dataset import main
 
     prepared = _prepared(tmp_path / "prepared")
@@ -272,7 +267,7 @@ def test_job_reuses_without_a_session_and_reports_bad_input(spark, tmp_path, mon
         def no_spark(*args, **kwargs):
             raise AssertionError("a published data version must not start a Spark job")
 
-        patched.setattr(sparktune.materialize, "materialize_dataset", no_spark)
+        patched.setattr(sparktune.data.materialize, "materialize_dataset", no_spark)
         patched.setattr("pyspark.sql.SparkSession.builder", None)
         assert main([*args, "--data-fingerprint", "fp1"]) == 0
     assert json.loads(summary.read_text())["reused"]
@@ -284,7 +279,7 @@ def test_job_reuses_without_a_session_and_reports_bad_input(spark, tmp_path, mon
 
 
 def test_every_path_writes_the_same_dataset(spark, tmp_path):
-    from sparktune.materialize import write_dataset_dict_from_parquet
+    from sparktune.data.materialize import write_dataset_dict_from_parquet
 
     prepared = str(_prepared(tmp_path / "prepared"))
     results = {
@@ -321,7 +316,7 @@ def test_every_path_writes_the_same_dataset(spark, tmp_path):
 
 
 def test_parquet_path_bad_input_names_the_cause(spark, tmp_path):
-    from sparktune.materialize import write_dataset_dict_from_parquet
+    from sparktune.data.materialize import write_dataset_dict_from_parquet
 
     prepared = str(_prepared(tmp_path / "prepared"))
     target = str(tmp_path / "datasets" / "fp")
@@ -348,7 +343,7 @@ def test_parquet_path_bad_input_names_the_cause(spark, tmp_path):
 
 def test_every_rank_memory_maps_the_one_published_dataset(tmp_path):
     # What each training rank does: open the published folder. Nothing is rebuilt or copied.
-    from sparktune.materialize import write_dataset_dict_from_parquet
+    from sparktune.data.materialize import write_dataset_dict_from_parquet
 
     result = write_dataset_dict_from_parquet(
         None, str(_prepared(tmp_path / "prepared")), str(tmp_path / "ds" / "fp"), data_fingerprint="fp"
@@ -359,7 +354,7 @@ def test_every_rank_memory_maps_the_one_published_dataset(tmp_path):
         """
         import json, sys
         import pyarrow as pa
-        from sparktune.materialize import open_dataset
+        from sparktune.data.published_dataset import open_dataset
         train = open_dataset(sys.argv[1])["train"]
         files = sorted(f["filename"] for f in train.cache_files)
         # Backed by files, and the rows were not copied into Arrow's memory pool.
@@ -379,7 +374,8 @@ def test_every_rank_memory_maps_the_one_published_dataset(tmp_path):
 
 
 def test_shards_are_fsynced_before_publishing_and_old_temp_folders_go(tmp_path, monkeypatch):
-    from sparktune.materialize import STALE_TEMP_SECONDS, write_dataset_dict_from_parquet
+    from sparktune.data.materialize import write_dataset_dict_from_parquet
+    from sparktune.data.published_dataset import STALE_TEMP_SECONDS
 
     datasets_root = tmp_path / "datasets"
     killed_long_ago = datasets_root / "_tmp-fp-dead0001"

@@ -95,20 +95,20 @@ def _bin_only_model(base: Path, folder: Path) -> Path:
 
 
 def _load_via_training(folder: Path) -> None:
-    from sparktune.training import _load_tokenizer
-    from sparktune.training_setup import load_base_model
+    from sparktune.model.train_inputs import load_train_tokenizer
+    from sparktune.model.training_setup import load_base_model
 
-    load_base_model(str(folder), _load_tokenizer(str(folder)))
+    load_base_model(str(folder), load_train_tokenizer(str(folder)))
 
 
 def _load_via_evaluation(folder: Path) -> None:
-    from sparktune.evaluation import load_components
+    from sparktune.release.eval_inputs import load_components
 
     load_components(str(folder))
 
 
 def _resolve_base_model(folder: Path) -> None:
-    from sparktune.base_model import ensure_base_model
+    from sparktune.model.base_model import ensure_base_model
 
     ensure_base_model(str(folder))
 
@@ -117,7 +117,7 @@ def _resolve_base_model(folder: Path) -> None:
 def test_a_model_folder_with_only_pytorch_model_bin_is_refused_naming_the_cause_and_the_fix(
     base, tmp_path, load
 ):
-    from sparktune.model_safety import UnsafeModelError
+    from sparktune.core.model_safety import UnsafeModelError
 
     folder = _bin_only_model(base, tmp_path / "bin-only")
     with pytest.raises(UnsafeModelError) as caught:
@@ -128,7 +128,7 @@ def test_a_model_folder_with_only_pytorch_model_bin_is_refused_naming_the_cause_
 
 
 def test_every_model_load_asks_transformers_for_safetensors_and_an_explicit_trust_setting():
-    from sparktune.model_safety import code_kwargs, model_kwargs
+    from sparktune.core.model_safety import code_kwargs, model_kwargs
 
     assert model_kwargs(False) == {"trust_remote_code": False, "use_safetensors": True}
     assert model_kwargs(True) == {"trust_remote_code": True, "use_safetensors": True}
@@ -139,8 +139,9 @@ def test_an_adapter_with_only_adapter_model_bin_is_refused_by_the_served_pyfunc(
     import torch
     from peft import LoraConfig, get_peft_model
     from safetensors.torch import load_file
-    from sparktune import label_pyfunc, label_scoring
-    from sparktune.model_safety import UnsafeModelError, load_adapter
+    from sparktune.core import label_scoring
+    from sparktune.core.model_safety import UnsafeModelError, load_adapter
+    from sparktune.model import label_pyfunc
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     adapter = tmp_path / "adapter"
@@ -173,7 +174,7 @@ def test_an_adapter_with_only_adapter_model_bin_is_refused_by_the_served_pyfunc(
 
 @pytest.mark.parametrize("load", [_load_via_training, _load_via_evaluation, _resolve_base_model])
 def test_a_model_that_needs_its_own_code_is_refused_and_the_code_never_runs(base, tmp_path, load):
-    from sparktune.model_safety import UnsafeModelError
+    from sparktune.core.model_safety import UnsafeModelError
 
     folder, marker = _remote_code_model(base, tmp_path / "custom")
     with pytest.raises(UnsafeModelError) as caught:
@@ -185,21 +186,21 @@ def test_a_model_that_needs_its_own_code_is_refused_and_the_code_never_runs(base
 
 
 def test_a_model_of_a_class_transformers_has_loads_that_class_not_the_code_it_ships(base, tmp_path):
-    from sparktune.training import _load_tokenizer
-    from sparktune.training_setup import load_base_model
+    from sparktune.model.train_inputs import load_train_tokenizer
+    from sparktune.model.training_setup import load_base_model
 
     folder, marker = _remote_code_model(base, tmp_path / "native", native=True)
-    model = load_base_model(str(folder), _load_tokenizer(str(folder)))
+    model = load_base_model(str(folder), load_train_tokenizer(str(folder)))
     assert type(model).__name__ == "LlamaForCausalLM"
     assert not marker.exists()
 
 
 def test_with_trust_remote_code_the_models_own_code_loads_it(base, tmp_path):
-    from sparktune.training import _load_tokenizer
-    from sparktune.training_setup import load_base_model
+    from sparktune.model.train_inputs import load_train_tokenizer
+    from sparktune.model.training_setup import load_base_model
 
     folder, marker = _remote_code_model(base, tmp_path / "trusted")
-    tokenizer = _load_tokenizer(str(folder), trust_remote_code=True)
+    tokenizer = load_train_tokenizer(str(folder), trust_remote_code=True)
     model = load_base_model(str(folder), tokenizer, trust_remote_code=True)
     assert type(model).__name__ == "MarkerForCausalLM"
     assert marker.exists()
@@ -208,8 +209,8 @@ def test_with_trust_remote_code_the_models_own_code_loads_it(base, tmp_path):
 def test_an_mlflow_model_of_a_custom_class_is_refused_before_mlflow_runs_its_code(base, tmp_path):
     """MLflow's transformers flavour loads a class transformers lacks with trust_remote_code=True."""
     import mlflow
-    from sparktune.evaluation import load_components
-    from sparktune.model_safety import UnsafeModelError
+    from sparktune.core.model_safety import UnsafeModelError
+    from sparktune.release.eval_inputs import load_components
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, marker = _remote_code_model(base, tmp_path / "custom")
@@ -235,8 +236,8 @@ def test_an_mlflow_model_of_a_custom_class_is_refused_before_mlflow_runs_its_cod
 
 def test_an_mlflow_model_saved_by_the_project_holds_safetensors_only(base, tmp_path):
     import mlflow
-    from sparktune.model_safety import check_model_tree
-    from sparktune.training import label_model_kwargs
+    from sparktune.core.model_safety import check_model_tree
+    from sparktune.model.logged_model import label_model_kwargs
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     merged = tmp_path / "merged"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
-from sparktune.models_report import format_models_report, main, models_report, registry_missing, table
-from sparktune.registry import CANDIDATE, CHAMPION, move_alias, register_run_model, rollback_champion
+from sparktune.release.models_report import format_models_report, main, models_report, registry_missing, table
+from sparktune.release.registry import CANDIDATE, CHAMPION, move_alias, register_run_model, rollback_champion
 
 try:
     from tests import leak_guard

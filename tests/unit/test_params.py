@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from sparktune.params import PARAM_SPECS, InvalidParamsError, default_params, parse_params
+from sparktune.core.params import PARAM_SPECS, InvalidParamsError, default_params, parse_params
 
 
 def test_defaults_are_valid_and_leave_the_recipe_to_the_base_model():
@@ -10,7 +10,7 @@ def test_defaults_are_valid_and_leave_the_recipe_to_the_base_model():
     assert (params.min_chars, params.max_chars, params.max_length, params.split_seed) == (20, 2048, 512, 42)
     assert (params.lora_r, params.lora_alpha, params.lora_dropout) == (16, 32, 0.05)
     assert params.prompt_template.startswith("[INST] Classify the intent")
-    # Unset until training reads the base model (sparktune.recipes); a value the run sets is kept.
+    # Unset until training reads the base model (sparktune.model.recipes); a value the run sets is kept.
     assert (params.lora_target_modules, params.lora_modules_to_save) == ("auto", "auto")
     assert params.learning_rate is None and params.num_train_epochs is None
     assert parse_params({"learning_rate": None}).learning_rate is None
@@ -24,7 +24,7 @@ def test_every_spec_has_description_and_bounds():
         assert spec.description, spec.name
         if spec.type in ("integer", "number"):
             assert spec.minimum is not None and spec.maximum is not None, spec.name
-            if spec.default is not None:  # None: a recipe field (sparktune.recipes)
+            if spec.default is not None:  # None: a recipe field (sparktune.model.recipes)
                 assert spec.minimum <= spec.default <= spec.maximum, spec.name
 
 

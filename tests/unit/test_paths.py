@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from sparktune.config import parse_roots
-from sparktune.paths import check_allowed_uri, check_table_name, expand_braces, normalize_uri
+from sparktune.core.config import parse_roots
+from sparktune.core.paths import check_allowed_uri, check_table_name, expand_braces, normalize_uri
 
 ROOTS = ("/data", "s3://bucket/lake", "dbfs:/Volumes/main/raw")
 
@@ -166,7 +166,7 @@ def test_table_names_must_be_plain_when_roots_are_set(name, ok):
 
 
 def test_settings_read_the_roots_and_always_allow_the_pipelines_own_data(monkeypatch, tmp_path):
-    from sparktune.config import settings
+    from sparktune.core.config import settings
 
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("SPARKTUNE_LAKE_URI", raising=False)
@@ -199,7 +199,7 @@ def test_settings_read_the_roots_and_always_allow_the_pipelines_own_data(monkeyp
 def test_parse_params_refuses_a_source_outside_the_roots_with_every_other_problem(
     monkeypatch, source_uri, source_format, refused
 ):
-    from sparktune.params import InvalidParamsError, parse_params
+    from sparktune.core.params import InvalidParamsError, parse_params
 
     monkeypatch.setenv("SPARKTUNE_ALLOWED_ROOTS", "/data,s3://bucket/lake")
     raw = {"source_uri": source_uri, "source_format": source_format}
@@ -214,7 +214,7 @@ def test_parse_params_refuses_a_source_outside_the_roots_with_every_other_proble
 
 
 def test_parse_params_allows_anything_when_the_deployment_sets_no_roots(monkeypatch):
-    from sparktune.params import parse_params
+    from sparktune.core.params import parse_params
 
     monkeypatch.delenv("SPARKTUNE_ALLOWED_ROOTS", raising=False)
     assert parse_params({"source_uri": "/data/../etc/passwd"}).source_uri == "/data/../etc/passwd"

@@ -1,4 +1,8 @@
-"""The preparation recipe on local[1] Spark: step counts, quarantine, loading, split, publishing."""
+"""The preparation recipe on local[1] Spark: step counts, quarantine, loading, split, publishing.
+
+Over 600 lines on purpose: the tests share one Spark session per module and one xdist group
+(tests/conftest.py); a second module would start a second JVM for the same fixtures.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sparktune.params import parse_params
+from sparktune.core.params import parse_params
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +68,7 @@ def defect_params(tokenizer_path: str, **overrides):
 
 
 def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     params = defect_params(tokenizer_path)
     emoji_tokens = n_tokens(tokenizer_path, "[INST] x [/INST] emoji" + "\U0001f600" * 60)
@@ -114,7 +118,7 @@ def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
 
 
 def test_quarantine_keeps_original_values_and_reasons(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     prepared = prepare(defect_df(spark), defect_params(tokenizer_path), tokenizer_path)
     quarantine = prepared.quarantine.collect()
@@ -136,7 +140,7 @@ def test_quarantine_keeps_original_values_and_reasons(spark, tokenizer_path):
 
 
 def test_dedupe_keeps_the_same_copy_whatever_the_order(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     params = defect_params(tokenizer_path)
     forward = prepare(defect_df(spark), params, tokenizer_path)
@@ -151,7 +155,7 @@ def test_dedupe_keeps_the_same_copy_whatever_the_order(spark, tokenizer_path):
 
 
 def test_quality_step_is_skipped_without_a_quality_column(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     for params in (
         defect_params(tokenizer_path, quality_column=""),
@@ -170,7 +174,8 @@ def test_quality_step_is_skipped_without_a_quality_column(spark, tokenizer_path)
 
 
 def test_custom_template_and_column_names(spark, tokenizer_path):
-    from sparktune.prepare import format_example, prepare
+    from sparktune.core.label_scoring import format_example
+    from sparktune.data.prepare import prepare
 
     df = spark.createDataFrame([("A perfectly normal message text", 3)], "body string, `the label` int")
     params = parse_params(
@@ -188,7 +193,7 @@ def test_custom_template_and_column_names(spark, tokenizer_path):
 
 
 def test_csv_with_bom_crlf_and_quoted_newlines(spark, tmp_path):
-    from sparktune.prepare import load_source
+    from sparktune.data.prepare_source import load_source
 
     path = tmp_path / "export.csv"
     path.write_bytes(
@@ -206,14 +211,8 @@ def test_csv_with_bom_crlf_and_quoted_newlines(spark, tmp_path):
 
 
 def test_load_source_formats_and_errors(spark, tmp_path):
-    from sparktune.prepare import (
-        DataPreparationError,
-        MissingColumnsError,
-        SourceNotFoundError,
-        check_columns,
-        load_source,
-        resolve_format,
-    )
+    from sparktune.data.prepare_errors import DataPreparationError, MissingColumnsError, SourceNotFoundError
+    from sparktune.data.prepare_source import check_columns, load_source, resolve_format
 
     df = defect_df(spark)
     df.write.parquet(str(tmp_path / "folder"))
@@ -269,7 +268,7 @@ def candidate_buckets(seed: int, pattern: str, n: int = 200) -> list[tuple[str, 
 
 
 def test_split_proportions_and_stability(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     schema = "message string, intent_label string, quality_score double"
     big = labelled_rows(2000, ["billing", "refund", "account", "shipping"])
@@ -322,12 +321,12 @@ def snapshot(folder: Path) -> dict[str, int]:
 
 
 def test_run_prepare_publishes_once_and_reuses(spark, tokenizer_path, tmp_path, caplog):
-    from sparktune.prepare import run_prepare
+    from sparktune.data.prepare_publish import run_prepare
 
     source = write_source(tmp_path)
     lake = tmp_path / "lake"
     params = parse_params({"source_uri": str(source)})
-    with caplog.at_level("INFO", logger="sparktune.prepare"):
+    with caplog.at_level("INFO", logger="sparktune.data.prepare_publish"):
         first = run_prepare(spark, params, tokenizer_path, str(lake))
     assert first["reused"] is False
     assert (first["rows_in"], first["rows_out"]) == (62, 60)
@@ -427,9 +426,9 @@ def test_the_job_runs_the_quality_gate_after_publishing_on_the_source_it_read(
 ):
     import logging
 
-    import sparktune.prepare
+    import sparktune.data.prepare_source
+    from sparktune.data.quality_rules import quality_rules, raw_rules
     from sparktune.jobs.prepare_data import main
-    from sparktune.quality import quality_rules, raw_rules
 
     caplog.set_level(logging.INFO)
     monkeypatch.setattr(sys, "path", list(sys.path))  # GX puts the project's plugins folder on it
@@ -438,7 +437,7 @@ def test_the_job_runs_the_quality_gate_after_publishing_on_the_source_it_read(
     args = ["--params-json", json.dumps({"source_uri": str(source)}), "--tokenizer", tokenizer_path]
     args += ["--lake-uri", str(tmp_path / "lake"), "--summary-path", str(summary_path)]
     read_again = []
-    monkeypatch.setattr(sparktune.prepare, "load_source", lambda *a, **k: read_again.append(a))
+    monkeypatch.setattr(sparktune.data.prepare_source, "load_source", lambda *a, **k: read_again.append(a))
     assert main([*args, "--gx-root", str(tmp_path / "gx"), "--quality-run-id", "manual__job"]) == 0
     summary = json.loads(summary_path.read_text())
     quality = summary["quality"]
@@ -478,7 +477,7 @@ def test_a_quality_gate_that_cannot_run_in_the_job_is_recorded_not_raised(
 
 
 def test_publish_replaces_a_half_written_folder_and_skips_a_complete_one(spark, tmp_path):
-    from sparktune.prepare import _publish
+    from sparktune.data.prepare_publish import publish
 
     lake = str(tmp_path / "lake")
     final = tmp_path / "lake" / "prepared" / "abc"
@@ -490,15 +489,16 @@ def test_publish_replaces_a_half_written_folder_and_skips_a_complete_one(spark, 
         writes.append(tmp)
         spark.range(3).write.parquet(tmp)
 
-    assert _publish(spark, write, lake, str(final)) is True
+    assert publish(spark, write, lake, str(final)) is True
     assert not (final / "part-0-leftover.parquet").exists() and (final / "_SUCCESS").exists()
     assert spark.read.parquet(str(final)).count() == 3
-    assert _publish(spark, write, lake, str(final)) is False
+    assert publish(spark, write, lake, str(final)) is False
     assert len(writes) == 1  # the complete folder was not written again
 
 
 def test_run_prepare_fails_clearly_when_no_row_survives(spark, tokenizer_path, tmp_path):
-    from sparktune.prepare import DataPreparationError, run_prepare
+    from sparktune.data.prepare_errors import DataPreparationError
+    from sparktune.data.prepare_publish import run_prepare
 
     source = tmp_path / "stubs.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a", "quality_score": 0.9}\n')
@@ -531,7 +531,7 @@ def sha_of_text(text: str) -> str:
 
 
 def test_id_column_is_the_dedupe_key_and_the_example_id(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     params = parse_params({"id_column": "ticket_id", "quality_column": ""})
     results = []
@@ -553,7 +553,7 @@ def test_id_column_is_the_dedupe_key_and_the_example_id(spark, tokenizer_path):
 
 
 def test_numeric_ids_become_strings(spark, tokenizer_path):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     df = spark.createDataFrame(
         [(GOOD_BILLING, "billing", 17)], "message string, intent_label string, id long"
@@ -564,12 +564,12 @@ def test_numeric_ids_become_strings(spark, tokenizer_path):
 
 
 def test_timestamp_column_keeps_the_most_recent_duplicate(spark, tokenizer_path, caplog):
-    from sparktune.prepare import prepare
+    from sparktune.data.prepare import prepare
 
     params = parse_params({"id_column": "ticket_id", "timestamp_column": "created", "quality_column": ""})
     rows = [*id_rows(), ("A copy of ticket two whose date is not a date", "refund", "T-2", "yesterday")]
     for ordered in (rows, list(reversed(rows))):
-        with caplog.at_level("WARNING", logger="sparktune.prepare"):
+        with caplog.at_level("WARNING", logger="sparktune.data.prepare"):
             prepared = prepare(
                 spark.createDataFrame(ordered, ID_SCHEMA).repartition(2), params, tokenizer_path
             )
@@ -619,7 +619,8 @@ def _epoch(value: str) -> int:
 
 
 def test_missing_id_or_timestamp_column_is_a_missing_column(spark):
-    from sparktune.prepare import MissingColumnsError, check_columns
+    from sparktune.data.prepare_errors import MissingColumnsError
+    from sparktune.data.prepare_source import check_columns
 
     df = spark.createDataFrame([(GOOD_BILLING, "billing")], "message string, intent_label string")
     params = parse_params({"id_column": "ticket_id", "timestamp_column": "created_at"})
@@ -633,7 +634,7 @@ def test_missing_id_or_timestamp_column_is_a_missing_column(spark):
 
 
 def test_resolve_source_uri_tells_tables_from_files(tmp_path, monkeypatch):
-    from sparktune.prepare import resolve_source_uri
+    from sparktune.data.prepare_source import resolve_source_uri
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "export.xlsx").write_bytes(b"PK")
@@ -646,7 +647,8 @@ def test_resolve_source_uri_tells_tables_from_files(tmp_path, monkeypatch):
 
 def test_workers_count_tokens_exactly_as_transformers_does(tokenizer_path):
     import pandas as pd
-    from sparktune.prepare import _backend_from_json, count_tokens, fast_backend, load_tokenizer
+    from sparktune.core.label_scoring import fast_backend
+    from sparktune.data.prepare_tokens import _backend_from_json, count_tokens, load_tokenizer
     from transformers import AutoTokenizer
 
     texts = pd.Series(
@@ -665,7 +667,7 @@ def test_a_backend_left_padding_or_truncating_is_not_used_for_counts(tokenizer_p
     # transformers switches padding and truncation off for its own call; a direct backend call
     # would count the pad tokens (or stop at the truncation length).
     import pandas as pd
-    from sparktune.prepare import count_tokens
+    from sparktune.data.prepare_tokens import count_tokens
     from transformers import AutoTokenizer
 
     texts = pd.Series([GOOD_BILLING, "short", "braces {text} and émojis " * 30])
@@ -682,7 +684,7 @@ def test_a_cached_backend_is_what_transformers_built_and_loads_without_transform
     import sys
 
     import pandas as pd
-    from sparktune.prepare import _backend_from_json, backend_spec, count_tokens
+    from sparktune.data.prepare_tokens import _backend_from_json, backend_spec, count_tokens
     from transformers import AutoTokenizer
 
     folder = tmp_path / "tokenizer"
@@ -694,7 +696,7 @@ def test_a_cached_backend_is_what_transformers_built_and_loads_without_transform
 
     # A new process reads the entry back and counts the same tokens without importing transformers.
     probe = (
-        "import sys; from pathlib import Path; from sparktune.prepare import backend_spec; "
+        "import sys; from pathlib import Path; from sparktune.data.prepare_tokens import backend_spec; "
         f"spec = backend_spec({str(folder)!r}, cache_dir=Path({str(cache)!r})); "
         "print(len(spec), 'transformers' in sys.modules, 'torch' in sys.modules)"
     )
@@ -715,8 +717,8 @@ def test_the_backend_cache_still_refuses_an_unsafe_folder(tokenizer_path, tmp_pa
     import json
     import shutil
 
-    from sparktune.model_safety import UnsafeModelError
-    from sparktune.prepare import backend_spec
+    from sparktune.core.model_safety import UnsafeModelError
+    from sparktune.data.prepare_tokens import backend_spec
 
     folder = tmp_path / "tokenizer"
     shutil.copytree(tokenizer_path, folder)

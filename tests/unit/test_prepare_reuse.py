@@ -1,13 +1,13 @@
-"""The key under which prepare_data's output is found again without Spark (sparktune.prepare_reuse)."""
+"""The key under which prepare_data's output is found again without Spark (sparktune.data.prepare_reuse)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
 
-from sparktune.fingerprint import source_signature
-from sparktune.params import parse_params
-from sparktune.prepare_reuse import find_prepared, inputs_key, record_prepared
+from sparktune.core.params import parse_params
+from sparktune.data.fingerprint import source_signature
+from sparktune.data.prepare_reuse import find_prepared, inputs_key, record_prepared
 
 
 def _tokenizer(folder):
@@ -62,7 +62,7 @@ def test_a_recorded_summary_is_found_while_its_folders_are_complete(tmp_path):
 
 
 def test_the_record_keeps_the_quality_report_for_the_same_rules_only():
-    from sparktune.prepare_reuse import QUALITY_RULES_KEY, recorded_summary, reused_summary
+    from sparktune.data.prepare_reuse import QUALITY_RULES_KEY, recorded_summary, reused_summary
 
     report = {"success": False, "evaluated": 26}
     params = parse_params({})

@@ -14,24 +14,20 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pytest
-from sparktune.params import InvalidParamsError, parse_params
-from sparktune.quality import (
+from sparktune.core.params import InvalidParamsError, parse_params
+from sparktune.data.quality import PreparedDataSchemaError, run_quality_gate, validate_prepared, validate_raw
+from sparktune.data.quality_report import QualityReport, format_failures
+from sparktune.data.quality_rules import (
     ERROR,
     LABEL_COUNTS,
     RAW_INPUT,
     ROWS,
     WARNING,
-    PreparedDataSchemaError,
-    QualityReport,
     QualityRule,
-    format_failures,
     quality_rules,
     raw_rule_params,
     raw_rules,
     rule_names,
-    run_quality_gate,
-    validate_prepared,
-    validate_raw,
     warning_rules,
 )
 
@@ -583,7 +579,7 @@ def test_raw_only_run_reports_any_table_under_its_own_suite(spark, tmp_path):
 
 
 def test_the_rules_key_changes_with_what_the_gate_checks_and_nothing_else():
-    from sparktune.quality import rules_key
+    from sparktune.data.quality_rules import rules_key
 
     base = rules_key(parse_params({}))
     assert base == rules_key(parse_params({"learning_rate": 1e-5, "model_name": "other"}))

@@ -1,4 +1,6 @@
-"""Registry functions against a real MLflow tracking store (SQLite) in a temp folder."""
+"""Registry functions against a real MLflow tracking store (SQLite) in a temp folder: versions, alias
+moves and their audit log, rollback, approval decisions, and the guard that finds a champion moved
+outside the pipeline."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
-from sparktune.registry import (
+from sparktune.release.approval import ApprovalDecision, decision_from_response, record_decision
+from sparktune.release.champion_guard import check_champion, check_champions
+from sparktune.release.registry import (
     AUDIT_EXPERIMENT,
     CHAMPION,
     PREVIOUS_CHAMPION,
@@ -195,7 +199,7 @@ def test_rollback_refuses_what_it_cannot_do_with_the_fix(client, model):
 
 
 def test_rollback_stops_when_a_promotion_lands_while_it_runs(client, model, monkeypatch):
-    import sparktune.registry as registry
+    import sparktune.release.registry as registry
 
     v1, v2, v3 = _three_versions_v3_champion(client, model)
     v4 = register_run_model(client, model, _run_with_model(client), {})
@@ -262,7 +266,7 @@ def test_a_retry_of_an_interrupted_rollback_finishes_it_instead_of_toggling(
 
 
 def test_the_audit_log_reads_every_page_of_a_long_history(client, model, monkeypatch):
-    import sparktune.registry as registry
+    import sparktune.release.registry as registry
 
     # A page of 2 records stands in for the server's page size; a long history spans many pages.
     monkeypatch.setattr(registry, "_AUDIT_PAGE", 2)
@@ -296,3 +300,96 @@ def test_an_interrupted_move_is_finished_by_its_actor_whatever_quotes_the_actor_
     assert move.changed and (move.from_version, move.to_version) == (v1, v2)
     moves = [(e["to_version"], e["actor"]) for e in audit_log(client, model)]
     assert moves == [(v1, "pipeline"), (v2, actor)]
+
+
+# --------------------------------------------------------------------------------------------
+# The champion guard, adoption of a hand-set champion, approval decisions
+
+
+def _versions(client: MlflowClient, model: str, count: int) -> list[str]:
+    return [register_run_model(client, model, _run_with_model(client), {}) for _ in range(count)]
+
+
+def _promote(client, model, version, expected):
+    move_alias(
+        client, model, CHAMPION, version, actor="llm_finetune/r/promote_champion", reason="gate passed",
+        check_current=True, expected_current=expected,
+    )  # fmt: skip
+
+
+def test_champions_the_pipeline_moved_pass_and_one_set_by_hand_is_found(client, model):
+    v1, v2, v3 = _versions(client, model, 3)
+    _promote(client, model, v1, None)
+    _promote(client, model, v2, v1)
+    rollback_champion(client, model, actor="rollback_champion/r/rollback_champion", reason="bad v2")
+    check = check_champion(client, model)
+    assert (check.champion, check.audited, check.moved_outside) == (v1, v1, False)
+
+    client.set_registered_model_alias(model, CHAMPION, v3)  # someone in the MLflow UI
+    check = check_champion(client, model)
+    assert (check.champion, check.audited, check.moved_outside) == (v3, v1, True)
+    assert check.describe() == (
+        f"{model}@champion is v{v3}, but the audit log's last move leaves v{v1}: "
+        "it was moved outside the pipeline"
+    )
+    assert [c.model_name for c in check_champions(client, [model])] == [model]
+
+
+def test_a_champion_set_by_hand_before_any_promotion_is_found(client, model):
+    (v1,) = _versions(client, model, 1)
+    client.set_registered_model_alias(model, CHAMPION, v1)
+    check = check_champion(client, model)
+    assert check.moved_outside and check.audited is None
+    assert "leaves no champion" in check.describe()
+
+
+def test_a_hand_set_champion_recorded_on_purpose_passes_and_moves_nothing(client, model):
+    v1, v2 = _versions(client, model, 2)
+    _promote(client, model, v1, None)
+    client.set_registered_model_alias(model, CHAMPION, v2)
+    actor = "rollback_champion/adopt/rollback_champion"
+    move = rollback_champion(client, model, v2, actor=actor, reason="hotfix deployed by hand")
+    assert (move.kind, move.from_version, move.to_version, move.changed) == ("adopted", v1, v2, False)
+    assert alias_version(client, model, CHAMPION) == v2
+    assert not check_champion(client, model).moved_outside
+    assert audit_log(client, model)[-1]["kind"] == "adopted"
+    # A retry of that task changes nothing and records nothing twice.
+    again = rollback_champion(client, model, v2, actor=actor, reason="hotfix deployed by hand")
+    assert again.kind == "adopted" and len(audit_log(client, model)) == 2
+    # Naming the champion the log agrees with is still refused: there is nothing to record.
+    with pytest.raises(RollbackError, match="already champion"):
+        rollback_champion(client, model, v2, actor="rollback_champion/other/rollback_champion", reason="")
+
+
+def test_an_approval_decision_is_tagged_and_audited_but_sets_no_champion(client, model):
+    v1, v2 = _versions(client, model, 2)
+    _promote(client, model, v1, None)
+    decision = ApprovalDecision("rejected", "alice", "2026-11-26T10:00:00+00:00", "loss went up")
+    actor = "llm_finetune/r2/approve_champion"
+    record_decision(client, model, v2, decision, actor=actor, reason=decision.reason())
+    record_decision(client, model, v2, decision, actor=actor, reason=decision.reason())  # a retry
+    tags = client.get_model_version(model, v2).tags
+    assert tags["approval_decision"] == "rejected" and tags["approval_by"] == "alice"
+    assert tags["approval_comment"] == "loss went up" and tags["approval_at"] == "2026-11-26T10:00:00+00:00"
+    (record,) = [r for r in audit_log(client, model) if r["kind"] == "approval"]
+    assert (record["from_version"], record["to_version"]) == (v1, v2)
+    assert record["reason"] == "rejected by alice: loss went up"
+    assert not check_champion(client, model).moved_outside  # an approval record is not a move
+
+
+@pytest.mark.parametrize(
+    ("options", "user", "timed_out", "expected"),
+    [
+        (["Approve"], {"id": "alice", "name": "Alice"}, False, ("approved", "Alice")),
+        (["Reject"], {"id": "bob", "name": ""}, False, ("rejected", "bob")),
+        (["Reject"], None, True, ("timed_out", "")),
+    ],
+)
+def test_the_decision_in_a_response(options, user, timed_out, expected):
+    decision = decision_from_response(
+        options, user, "2026-11-26T10:00:00+00:00", {"comment": " ok "}, timed_out
+    )
+    assert (decision.decision, decision.by) == expected
+    assert decision.comment == "ok"
+    if timed_out:
+        assert decision.reason(60) == "no answer within 60 minutes: rejected, the champion stays"

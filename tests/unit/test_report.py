@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from sparktune.report import format_summary
+from sparktune_dev.report import format_summary
 
 
 def test_summary_shows_counts_fingerprint_aliases_gate_and_metrics():

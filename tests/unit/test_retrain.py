@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparktune.retrain import retrain_decision
+from sparktune.release.retrain import retrain_decision
 
 CHAMPION_TAGS = {"data_fingerprint": "fp1", "config_hash": "cfg1", "code_fingerprint": "c0de"}
 
@@ -43,14 +43,14 @@ def test_code_fingerprint_follows_the_package_sources_only(tmp_path):
     from pathlib import Path
 
     import sparktune
-    from sparktune.training import code_fingerprint
+    from sparktune.core.provenance import code_fingerprint
 
     copy = tmp_path / "sparktune"
     shutil.copytree(Path(sparktune.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert code_fingerprint(copy) == code_fingerprint()
     (copy / "NOTES.txt").write_text("docs do not train models")
     assert code_fingerprint(copy) == code_fingerprint()
-    (copy / "gate.py").write_text((copy / "gate.py").read_text() + "\n# changed\n")
+    (copy / "release/gate.py").write_text((copy / "release/gate.py").read_text() + "\n# changed\n")
     assert code_fingerprint(copy) != code_fingerprint()
 
 
@@ -79,7 +79,7 @@ def test_the_same_source_files_skip_before_spark_and_an_unlisted_source_goes_on(
 def test_a_source_signature_follows_the_listing_not_the_reading(tmp_path):
     import os
 
-    from sparktune.fingerprint import source_signature
+    from sparktune.data.fingerprint import source_signature
 
     folder = tmp_path / "tickets"
     folder.mkdir()

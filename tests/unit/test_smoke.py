@@ -10,20 +10,20 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
     import tiny_model
 
 # Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
 def test_the_share_of_answers_outside_the_labels_is_a_threshold():
-    from sparktune.smoke import smoke_passed
+    from sparktune.release.smoke import smoke_passed
 
     assert smoke_passed(0, 16, 0.0) and not smoke_passed(1, 16, 0.0)
     assert smoke_passed(2, 16, 0.125) and not smoke_passed(3, 16, 0.125)
 
 
 def test_a_trained_model_passes_and_its_latency_is_recorded(root):
-    from sparktune.smoke import smoke_test
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
+    from sparktune.release.smoke import smoke_test
 
     full = tiny_model.trained(root, "full")
     with using_tracking_uri(tiny_model.tracking_uri(root)):
@@ -47,10 +47,11 @@ def test_answers_outside_the_label_set_fail_the_smoke_test_with_examples(root, t
     import json
 
     import mlflow
-    from sparktune import label_scoring
-    from sparktune.model_safety import local_model_dir
-    from sparktune.smoke import main
-    from sparktune.training import label_model_kwargs, using_tracking_uri
+    from sparktune.core import label_scoring
+    from sparktune.core.model_safety import local_model_dir
+    from sparktune.jobs.smoke_test import main
+    from sparktune.model.logged_model import label_model_kwargs
+    from sparktune.model.process_setup import using_tracking_uri
 
     full = tiny_model.trained(root, "full")
     # main() configures the process as a CLI does and turns MLflow's progress bars off in the

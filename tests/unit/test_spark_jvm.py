@@ -1,4 +1,4 @@
-"""Which Spark jobs start their driver JVM with the short-job options (sparktune.spark_jvm)."""
+"""Which Spark jobs start their driver JVM with the short-job options (sparktune.data.spark_jvm)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sparktune.spark_jvm import (
+from sparktune.data.spark_jvm import (
     CLASS_ARCHIVE_ENV,
     DRIVER_JAVA_OPTIONS,
     SHORT_JOB_JAVA_OPTIONS,

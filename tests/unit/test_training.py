@@ -15,7 +15,7 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
     import tiny_model
 
 # Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
@@ -95,7 +95,7 @@ def test_lora_trains_far_fewer_params_than_full(lora_run, full_run):
 def test_logged_model_is_merged_onto_the_base_weights(root, lora_run):
     import mlflow
     import torch
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(str(root / "model")).state_dict()
@@ -116,7 +116,7 @@ def test_logged_model_is_merged_onto_the_base_weights(root, lora_run):
 
 
 def test_same_train_key_reuses_the_finished_run(root, lora_run, client):
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     result = train(tiny_model.train_request(root, "lora"))
     assert result.reused is True
@@ -129,14 +129,17 @@ def test_same_train_key_reuses_the_finished_run(root, lora_run, client):
     assert json.loads((root / "out" / "lora" / "result.json").read_text())["reused"] is True
 
 
-def test_cli_reuses_and_prints_one_summary_line(root, lora_run, tmp_path, capsys):
-    from sparktune.training import main
+def test_cli_reuses_and_prints_one_summary_line(root, lora_run, tmp_path, capsys, monkeypatch):
+    from sparktune.jobs.train import main
+
+    # The job configures its process (configure_process_logging): restored after the test.
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
     request_path = tmp_path / "request.json"
     request = replace(tiny_model.train_request(root, "lora"), output_dir=str(tmp_path / "out"))
     request_path.write_text(request.to_json())
     assert main(["--request", str(request_path)]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sparktune.training")]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sparktune-train")]
     assert len(lines) == 1
     assert f"reused run={lora_run.mlflow_run_id}" in lines[0]
     assert json.loads((tmp_path / "out" / "result.json").read_text())["reused"] is True
@@ -145,7 +148,8 @@ def test_cli_reuses_and_prints_one_summary_line(root, lora_run, tmp_path, capsys
 def test_verification_catches_a_model_that_does_not_match(root, full_run):
     import mlflow
     import torch
-    from sparktune.training import ModelVerificationError, using_tracking_uri, verify_logged_model
+    from sparktune.model.logged_model import ModelVerificationError, verify_logged_model
+    from sparktune.model.process_setup import using_tracking_uri
 
     texts = [row["prompt"] + row["completion"] for row in tiny_model.make_rows(3, 5)]
     with using_tracking_uri(tiny_model.tracking_uri(root)):
@@ -160,7 +164,8 @@ def test_verification_catches_a_model_that_does_not_match(root, full_run):
 
 def test_dataset_contract_errors_list_every_problem(root, tmp_path):
     from datasets import Dataset, DatasetDict
-    from sparktune.training import TrainingInputError, train
+    from sparktune.model.training import train
+    from sparktune.model.training_setup import TrainingInputError
 
     bad = tmp_path / "bad"
     DatasetDict({"train": Dataset.from_list([{"text": "hello", "label": 0}])}).save_to_disk(str(bad))
@@ -190,7 +195,8 @@ def test_dataset_contract_errors_list_every_problem(root, tmp_path):
 
 
 def test_request_round_trips_and_rejects_unknown_fields(root):
-    from sparktune.training import TrainingInputError, TrainRequest
+    from sparktune.model.train_request import TrainRequest
+    from sparktune.model.training_setup import TrainingInputError
 
     request = tiny_model.train_request(root, "lora")
     assert TrainRequest.from_json(request.to_json()) == request
@@ -204,7 +210,7 @@ def test_cli_exits_non_zero_on_a_bad_request(tmp_path):
     request_path = tmp_path / "request.json"
     request_path.write_text(json.dumps({"dataset_path": "x"}))
     done = subprocess.run(
-        [sys.executable, "-m", "sparktune.training", "--request", str(request_path)],
+        [sys.executable, "-m", "sparktune.jobs.train", "--request", str(request_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -214,7 +220,7 @@ def test_cli_exits_non_zero_on_a_bad_request(tmp_path):
 
 
 def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")
     request = tiny_model.train_request(
@@ -238,7 +244,7 @@ def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
 
 def test_the_train_stream_opens_in_file_order_and_is_shuffled_by_seed(tmp_path, monkeypatch):
     import datasets
-    from sparktune.streaming import open_streaming_splits, shuffle_stream
+    from sparktune.data.streaming import open_streaming_splits, shuffle_stream
 
     # Each pass over a shuffled stream ends with a 5-s pause (see shuffle_stream); not needed here.
     monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 0)
@@ -258,7 +264,7 @@ def test_a_stream_read_by_dataloader_workers_skips_the_pause_meant_for_interpret
 ):
     import datasets
     import torch
-    from sparktune.streaming import open_streaming_splits, shuffle_stream
+    from sparktune.data.streaming import open_streaming_splits, shuffle_stream
 
     monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 5)  # datasets' own; restored after
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared", n_train=64, n_eval=8)
@@ -303,6 +309,6 @@ def _validation_rows(root, n):
 
 
 def mlflow_tracking(uri):
-    from sparktune.training import using_tracking_uri
+    from sparktune.model.process_setup import using_tracking_uri
 
     return using_tracking_uri(uri)

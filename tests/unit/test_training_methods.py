@@ -20,7 +20,7 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
     import tiny_model
 
 # Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.training.using_tracking_uri leaves the tracking URI set): put back after each test.
+# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
 pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
 
 
@@ -61,8 +61,9 @@ def test_qlora_on_cpu_fails_at_once_with_the_reason_and_the_fix(root, tmp_path):
 def test_deepspeed_stage_is_validated_and_passed_through():
     import importlib.util
 
-    from sparktune.params import parse_params
-    from sparktune.training import TrainingInputError, check_hardware, deepspeed_config
+    from sparktune.core.params import parse_params
+    from sparktune.model.train_inputs import check_hardware
+    from sparktune.model.training_setup import TrainingInputError, deepspeed_config
 
     assert deepspeed_config(0) is None
     config = deepspeed_config(3)
@@ -79,7 +80,8 @@ def test_deepspeed_stage_is_validated_and_passed_through():
 
 def test_packing_keeps_attention_inside_each_example(root):
     import torch
-    from sparktune.training import TrainingInputError, check_packing_isolation
+    from sparktune.model.sft_trainer import check_packing_isolation
+    from sparktune.model.training_setup import TrainingInputError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(root / "model"))
@@ -100,7 +102,7 @@ def test_packing_keeps_attention_inside_each_example(root):
 
 
 def test_packed_training_has_no_padding_and_learns(root):
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     result = train(_request(root, "packed", packing=True, max_steps=30, checkpoint_steps=1000))
     assert result.padding_efficiency == 1.0
@@ -120,7 +122,8 @@ def _wait_for_checkpoint(folder: Path, min_step: int, proc: subprocess.Popen, ti
 
 
 def test_a_checkpoint_whose_save_a_crash_cut_is_passed_over(tmp_path, caplog):
-    from sparktune.training import CHECKPOINTS, last_checkpoint
+    from sparktune.model.train_runs import last_checkpoint
+    from sparktune.model.training_setup import CHECKPOINTS
 
     folder = tmp_path / CHECKPOINTS
     for step, state in ((10, '{"global_step": 10}'), (20, '{"global_step": 20}'), (30, "")):
@@ -136,7 +139,8 @@ def test_a_checkpoint_whose_save_a_crash_cut_is_passed_over(tmp_path, caplog):
 @pytest.mark.slow  # starts a training process and kills it
 def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(root, tmp_path):
     from mlflow import MlflowClient
-    from sparktune.training import RESUMED_FROM_TAG, train
+    from sparktune.model.train_runs import RESUMED_FROM_TAG
+    from sparktune.model.training import train
 
     request = _request(root, "crash", max_steps=120, checkpoint_steps=10)
     path = tmp_path / "request.json"
@@ -185,7 +189,7 @@ def test_killed_training_resumes_from_its_checkpoint_into_the_same_mlflow_run(ro
 
 def test_the_merged_model_takes_the_dtype_its_base_is_stored_in(tmp_path):
     import torch
-    from sparktune.training import _to_stored_dtype
+    from sparktune.model.logged_model import to_stored_dtype
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -194,8 +198,8 @@ def test_the_merged_model_takes_the_dtype_its_base_is_stored_in(tmp_path):
     model = LlamaForCausalLM(config)
     config.dtype = "bfloat16"  # a hub LLM ships its weights in 16 bits
     config.save_pretrained(tmp_path / "bf16")
-    assert _to_stored_dtype(model, str(tmp_path / "bf16")).dtype == torch.bfloat16
+    assert to_stored_dtype(model, str(tmp_path / "bf16")).dtype == torch.bfloat16
     fp32 = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "dtype": "float32"}))
     fp32.config.save_pretrained(tmp_path / "fp32")
-    assert _to_stored_dtype(fp32, str(tmp_path / "fp32")).dtype == torch.float32
-    assert _to_stored_dtype(fp32, str(tmp_path / "missing")) is fp32  # no config: left as it is
+    assert to_stored_dtype(fp32, str(tmp_path / "fp32")).dtype == torch.float32
+    assert to_stored_dtype(fp32, str(tmp_path / "missing")) is fp32  # no config: left as it is

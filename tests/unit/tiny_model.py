@@ -185,8 +185,8 @@ def tracking_uri(root: Path) -> str:
 
 
 def train_request(root: Path, name: str, **overrides):
-    from sparktune.params import default_params
-    from sparktune.training import TrainRequest
+    from sparktune.core.params import default_params
+    from sparktune.model.train_request import TrainRequest
 
     params = default_params()
     params.update(
@@ -213,7 +213,7 @@ def train_request(root: Path, name: str, **overrides):
 
 def trained(root: Path, name: str):
     """The TrainResult of configuration ``name`` in ``root``, training it on first use."""
-    from sparktune.training import train
+    from sparktune.model.training import train
 
     key = (str(root), name)
     if key not in _RUNS:

@@ -6,7 +6,7 @@
         --run-date 2025-03-04 --scored-at 2025-03-04T00:00:00+00:00 --summary-path /tmp/summary.json
 
 The model folder is downloaded once on the driver into ``--download-dir``, which every executor
-must read under the same path (shared storage; see ``sparktune.inference``). Exit codes as for
+must read under the same path (shared storage; see ``sparktune.serve.inference``). Exit codes as for
 every sparktune job: 0 done, 2 bad input (the summary holds the error), else retry.
 """
 
@@ -84,7 +84,7 @@ def _parse_times(args: argparse.Namespace) -> tuple[date, datetime]:
 def _write_review_rows(spark, source, args: argparse.Namespace, run_date: date) -> int:
     """The predictions just written (read back, not scored again) with their texts, for review."""
     from pyspark.sql import functions as F
-    from sparktune.feedback import write_review_rows
+    from sparktune.serve.feedback import write_review_rows
 
     written = spark.read.parquet(args.output_uri).where(F.col("date") == F.lit(run_date.isoformat()))
     texts = source.select(
@@ -97,8 +97,14 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
 
-    from sparktune.inference import InferenceInputError, resolve_model, score_dataframe, write_predictions
-    from sparktune.prepare import DataPreparationError, load_source
+    from sparktune.data.prepare_errors import DataPreparationError
+    from sparktune.data.prepare_source import load_source
+    from sparktune.serve.inference import (
+        InferenceInputError,
+        resolve_model,
+        score_dataframe,
+        write_predictions,
+    )
 
     try:
         run_date, scored_at = _parse_times(args)

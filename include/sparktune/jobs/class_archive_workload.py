@@ -3,7 +3,7 @@
     spark-submit --conf spark.driver.extraJavaOptions=-XX:ArchiveClassesAtExit=spark.jsa \\
         include/sparktune/jobs/class_archive_workload.py
 
-``sparktune.spark_jvm.build_class_archive`` runs it; the JVM writes the classes it loaded into a
+``sparktune.data.spark_jvm.build_class_archive`` runs it; the JVM writes the classes it loaded into a
 class data sharing archive at exit, which later drivers map instead of loading and verifying the
 same classes again (docs/decisions/0008-spark-class-data-sharing.md). It exercises what the
 pipeline's jobs do on small inputs, on data of its own: JSON and CSV read with schema inference,

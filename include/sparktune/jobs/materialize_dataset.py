@@ -69,8 +69,10 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
 
-    from sparktune.materialize import DiskFullError, MaterializeError, find_published, materialize_dataset
-    from sparktune.prepare import DataPreparationError
+    from sparktune.data.materialize import materialize_dataset
+    from sparktune.data.materialize_errors import DiskFullError, MaterializeError
+    from sparktune.data.prepare_errors import DataPreparationError
+    from sparktune.data.published_dataset import find_published
 
     try:
         label_names = _json_arg(args.label_names, "--label-names", list)

@@ -5,7 +5,7 @@
         --lake-uri /lake --summary-path /tmp/summary.json [--gx-root /gx --quality-run-id RUN]
 
 The master, executors and Spark conf come from spark-submit (or the Airflow Spark connection).
-With ``--gx-root`` the data quality gate (``sparktune.quality``) runs in the same application once
+With ``--gx-root`` the data quality gate (``sparktune.data.quality``) runs in the same application once
 the data is published, on the source as it was read: one JVM, one read, and Great Expectations
 imported while the JVM starts (docs/decisions/0007-quality-gate-in-the-prepare-job.md).
 Exit codes: 0 done; 2 bad params or bad data (deterministic: retrying will not help; the summary
@@ -74,7 +74,7 @@ def quality_gate(
     """
 
     def validate(source_df: Any, summary: dict[str, Any]) -> dict[str, Any]:
-        from sparktune.quality import run_quality_gate
+        from sparktune.data.quality import run_quality_gate
 
         try:
             report = run_quality_gate(
@@ -102,9 +102,10 @@ def main(argv: list[str]) -> int:
     if args.gx_root:
         _import_in_background("great_expectations")
 
-    from sparktune.model_safety import UnsafeModelError
-    from sparktune.params import InvalidParamsError, parse_params
-    from sparktune.prepare import DataPreparationError, run_prepare
+    from sparktune.core.model_safety import UnsafeModelError
+    from sparktune.core.params import InvalidParamsError, parse_params
+    from sparktune.data.prepare_errors import DataPreparationError
+    from sparktune.data.prepare_publish import run_prepare
 
     try:
         raw = json.loads(args.params_json)
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> int:
     except (json.JSONDecodeError, InvalidParamsError) as exc:
         return bad_input(log, exc, args.summary_path)
     if args.lake_uri is None:
-        from sparktune.config import settings
+        from sparktune.core.config import settings
 
         args.lake_uri = settings().lake_uri
 

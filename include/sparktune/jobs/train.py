@@ -46,7 +46,9 @@ def train_rank(request_json: str) -> dict[str, Any] | None:
     """Runs in every training process that TorchDistributor starts; rank 0 returns the result."""
     import os
 
-    from sparktune.training import TrainRequest, configure_process_logging, train
+    from sparktune.model.process_setup import configure_process_logging
+    from sparktune.model.train_request import TrainRequest
+    from sparktune.model.training import train
 
     configure_process_logging()
     result = train(TrainRequest.from_json(request_json))
@@ -75,14 +77,10 @@ def run_distributed(request_json: str, num_workers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sparktune.training import (
-        TrainingInputError,
-        TrainRequest,
-        TrainResult,
-        configure_process_logging,
-        summary_line,
-        train,
-    )
+    from sparktune.model.process_setup import configure_process_logging
+    from sparktune.model.train_request import TrainRequest, TrainResult
+    from sparktune.model.training import summary_line, train
+    from sparktune.model.training_setup import TrainingInputError
 
     configure_process_logging()
     args = parse_args(sys.argv[1:] if argv is None else argv)

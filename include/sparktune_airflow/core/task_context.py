@@ -1,0 +1,93 @@
+"""What an operator's ``execute`` reads from its task and the deployment: the typed params and
+their hash, templated booleans, the allowed roots, a per-try scratch folder,
+the audit actor, and skipping the rest of the run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.standard.utils.skipmixin import SkipMixin
+from airflow.sdk.exceptions import AirflowFailException
+from sparktune.core.config import settings
+from sparktune.core.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
+
+
+def pipeline_params(explicit: Mapping[str, Any] | None) -> PipelineParams:
+    """Typed params from an operator's ``pipeline_params`` (missing names take their defaults;
+    None: all defaults); invalid ones fail the task at once.
+
+    Explicit on purpose: an operator never reads the DAG run's params on its own, so one reused in
+    another DAG does not pick up that DAG's form. The pipeline's DAGs pass ``"{{ params }}"``,
+    which a DAG with ``render_template_as_native_obj=True`` renders as the run's params.
+    """
+    if isinstance(explicit, str):
+        raise AirflowFailException(
+            f"pipeline_params rendered to a string ({explicit[:80]!r}): pass a dict, or set "
+            "render_template_as_native_obj=True on the DAG so that '{{ params }}' renders as one"
+        )
+    try:
+        return parse_params(dict(explicit or {}))
+    except InvalidParamsError as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
+def config_hash(params: PipelineParams) -> str:
+    """What the run trains with: every param but the run switches (force_retrain, merge_feedback)."""
+    config = {k: v for k, v in params.to_dict().items() if k not in RUN_SWITCHES}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def templated_bool(value: Any) -> bool:
+    """A templated boolean: True/False, or the strings a non-native render gives ("True", "false")."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "", "none"):
+        return False
+    raise AirflowFailException(f"expected true or false, got {value!r}")
+
+
+def check_allowed_location(param: str, value: Any, source_format: str | None = None) -> None:
+    """Fail at once when ``value`` lies outside ``SPARKTUNE_ALLOWED_ROOTS`` (when the deployment sets
+    it), ``..`` and symlinks resolved; ``source_format`` given: ``value`` may be a catalog table name.
+    Empty values pass (each operator has its own default for them)."""
+    from sparktune.core.paths import check_allowed_uri, check_source
+
+    roots = settings().allowed_roots
+    text = str(value or "").strip()
+    if not roots or not text:
+        return
+    try:
+        if source_format is None:
+            check_allowed_uri(param, text, roots)
+        else:
+            check_source(param, text, source_format, roots)
+    except ValueError as exc:
+        raise AirflowFailException(str(exc)) from exc
+
+
+def task_scratch_dir(context: Any) -> Path:
+    """A per-try scratch folder for request/result files exchanged with subprocesses."""
+    ti = context["ti"]
+    safe_run_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in ti.run_id)
+    path = settings().home / "runs" / ti.dag_id / safe_run_id / ti.task_id / str(ti.try_number)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def skip_downstream(operator: SkipMixin, context: Any) -> None:
+    """Skip every task after this one (teardowns still run): the run ends cleanly, not failed."""
+    downstream = [t for t in context["task"].get_flat_relatives(upstream=False) if not t.is_teardown]
+    operator.skip(ti=context["ti"], tasks=downstream)
+
+
+def audit_actor(context: Any) -> str:
+    """Who moves an alias, as the audit log records it: ``airflow:<dag_id>/<run_id>/<task_id>``."""
+    ti = context["ti"]
+    return f"airflow:{ti.dag_id}/{ti.run_id}/{ti.task_id}"

@@ -1,0 +1,269 @@
+"""``TrainModelOperator``: the training entry point (``sparktune.jobs.train``) on the run's backend
+(a local process, spark-submit or Databricks), reattached to by a retry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.configuration import conf
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+from sparktune.core.config import settings
+from sparktune.core.params import PipelineParams
+from sparktune.data.spark_jvm import short_job_conf
+from sparktune_airflow.core.domain_cli import raise_for_exit_code
+from sparktune_airflow.core.lineage import ReportsLineage
+from sparktune_airflow.core.links import DatabricksRunLink, MLflowRunLink
+from sparktune_airflow.core.mlflow import UsesMLflowConnection
+from sparktune_airflow.core.spark_jobs import job_path
+from sparktune_airflow.core.task_context import config_hash, pipeline_params
+from sparktune_airflow.model import training_process
+from sparktune_airflow.model.databricks_training import DatabricksTrainingMixin
+
+
+class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainingMixin, BaseOperator):
+    """Submits the training entry point (``sparktune.jobs.train``) to the run's ``train_backend``.
+
+    - ``local``: a process on this worker, its log streamed into the task log.
+    - ``spark``: ``spark-submit`` (client mode) to the ``spark_conn_id`` master; the job runs DDP
+      over ``num_workers`` executor processes with ``TorchDistributor``.
+    - ``databricks``: a one-time run on a new job cluster (``databricks_conn_id``), deferrable,
+      with a link to the run page.
+
+    The submission key is dag/run/task + data fingerprint + config hash. A retry reattaches to
+    the live process or Databricks run of its key instead of starting a second one, reuses a
+    finished MLflow run, and otherwise resumes from the key's last checkpoint into the same
+    MLflow run. ``on_kill`` stops the process or cancels the Databricks run. Returns the finished
+    MLflow run's ``train_result.json`` (``mlflow_run_id``, training metrics). MLflow is the one
+    at ``MLFLOW_TRACKING_URI``.
+
+    :param dataset_uri: (templated) the ``DatasetDict`` folder ``MaterializeDatasetOperator`` wrote
+        (with ``dataset_mode=streaming``: the prepared Parquet).
+    :param base_model: (templated) what ``ResolveBaseModelOperator`` returned.
+    :param data_fingerprint: (templated) the data version: part of the submission key, tagged on
+        the MLflow run.
+    :param pipeline_params: (templated) the training recipe and ``train_backend``, ``num_workers``,
+        ``databricks_*``; missing names (or None) take their defaults.
+    :param spark_conn_id: the Spark connection of ``train_backend=spark`` (default ``spark_default``).
+    :param spark_conf: extra Spark conf for that spark-submit.
+    :param databricks_conn_id: the Databricks connection of ``train_backend=databricks`` (default
+        ``databricks_default``).
+    :param deferrable: with ``train_backend=databricks``, wait in the triggerer instead of a worker
+        slot; default: ``[operators] default_deferrable``.
+    :param polling_period_seconds: how often a Databricks run's state is checked (default 30).
+    """
+
+    template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
+    operator_extra_links = (DatabricksRunLink(), MLflowRunLink())
+
+    def __init__(
+        self,
+        *,
+        dataset_uri: str,
+        base_model: str,
+        data_fingerprint: str,
+        pipeline_params: dict[str, Any] | None = None,
+        spark_conn_id: str = "spark_default",
+        spark_conf: dict[str, Any] | None = None,
+        databricks_conn_id: str = "databricks_default",
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        polling_period_seconds: int = 30,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dataset_uri = dataset_uri
+        self.base_model = base_model
+        self.data_fingerprint = data_fingerprint
+        self.pipeline_params = pipeline_params
+        self.spark_conn_id = spark_conn_id
+        self.spark_conf = spark_conf
+        self.databricks_conn_id = databricks_conn_id
+        self.deferrable = deferrable
+        self.polling_period_seconds = polling_period_seconds
+        self.databricks_run_id: int | None = None
+        self._submission: training_process.Submission | None = None
+        self._attempt_work_dir: Path | None = None
+
+    # -- the key and the request
+
+    def _train_key(self, context: Any, params: PipelineParams) -> str:
+        ti = context["ti"]
+        key_source = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{self.data_fingerprint}/{config_hash(params)}"
+        return hashlib.sha256(key_source.encode()).hexdigest()[:24]
+
+    def _work_dir(self, train_key: str) -> Path:
+        """Checkpoints, the process record and the log of one train key; shared by its attempts."""
+        return settings().models_dir / "runs" / train_key
+
+    def _request(self, context: Any, params: PipelineParams) -> dict[str, Any]:
+        ti = context["ti"]
+        train_key = self._train_key(context, params)
+        return {
+            "dataset_path": self.dataset_uri,
+            "base_model": self.base_model,
+            "output_dir": str(self._work_dir(train_key)),
+            "params": params.to_dict(),
+            "mlflow_tracking_uri": settings().mlflow_tracking_uri,
+            "artifact_location": settings().mlflow_artifact_root,
+            "experiment_name": experiment_name(params.model_name),
+            "train_key": train_key,
+            "run_name": f"{ti.dag_id}-{ti.run_id}"[:250],
+            "tags": {
+                "sparktune.data_fingerprint": self.data_fingerprint,
+                "sparktune.config_hash": config_hash(params),
+                "sparktune.train_backend": params.train_backend,
+                "airflow.dag_id": ti.dag_id,
+                "airflow.run_id": ti.run_id,
+                "airflow.task_id": ti.task_id,
+                "airflow.try_number": str(ti.try_number),
+                "sparktune.base_model": self.base_model,
+            },
+        }
+
+    # -- execution
+
+    def pre_execute(self, context: Any) -> None:
+        super().pre_execute(context)
+        # A DAG file is parsed before a run has params, so the time limit comes from the run's
+        # train_timeout_minutes here: Airflow reads execution_timeout after pre_execute.
+        minutes = pipeline_params(self.pipeline_params).train_timeout_minutes
+        self.execution_timeout = timedelta(minutes=minutes)
+        self.log.info("time limit of this training: %g minutes (train_timeout_minutes)", minutes)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        params = pipeline_params(self.pipeline_params)
+        request = self._request(context, params)
+        self.log.info(
+            "train key %s, backend %s, work dir %s",
+            request["train_key"],
+            params.train_backend,
+            request["output_dir"],
+        )
+        finished = self._finished_result(request)
+        if finished is not None:
+            # Nothing to submit: an earlier attempt trained this key to the end.
+            self.log.info("Reusing finished MLflow run %s: nothing trained.", finished["mlflow_run_id"])
+            return self._keep({**finished, "reused": True})
+        if params.train_backend == "databricks":
+            return self._execute_databricks(context, request, params)
+        return self._execute_process(context, request, params)
+
+    def _process_command(self, request: dict[str, Any], params: PipelineParams, work: Path) -> list[str]:
+        work.mkdir(parents=True, exist_ok=True)
+        request_path = work / "train_request.json"
+        request_path.write_text(json.dumps(request, indent=2))
+        if params.train_backend == "local":
+            return [sys.executable, "-m", "sparktune.jobs.train", "--request", str(request_path)]
+        hook = SparkSubmitHook(
+            conn_id=self.spark_conn_id,
+            name=f"sparktune-train-{request['train_key']}",
+            # The class archive only: training is long, so the JVM keeps its compiler and collector.
+            conf=short_job_conf({"spark.log.level": "WARN", **(self.spark_conf or {})}, None),
+            application_args=[
+                "--request",
+                str(request_path),
+                "--num-workers",
+                str(params.num_workers),
+                "--distributor",
+                "spark",
+            ],
+        )
+        # The hook resolves the connection (master, deploy mode, spark-submit binary, queue,
+        # principal) into the command; the process itself is started here so that a retry can
+        # find it again (see training_process).
+        return hook._build_spark_submit_command(job_path("train"))
+
+    def _execute_process(
+        self, context: Any, request: dict[str, Any], params: PipelineParams
+    ) -> dict[str, Any]:
+        work = Path(request["output_dir"])
+        self._attempt_work_dir = work
+        elsewhere = training_process.started_elsewhere(work)
+        if elsewhere is not None:
+            # Starting here would train the key a second time beside a process this host cannot see.
+            raise AirflowException(
+                f"Training of key {request['train_key']} was started on host {elsewhere.host} (pid "
+                f"{elsewhere.pid}, log {elsewhere.log_path}) by an earlier attempt, and this attempt runs on "
+                f"{training_process.this_host()}, which cannot reattach to it. While it runs, each retry "
+                "fails here; once it has finished its MLflow run, the next retry (or a clear of this task) "
+                f"reuses it. If it no longer runs there (or host {elsewhere.host} is gone), delete "
+                f"{work / training_process.RECORD_NAME} and clear this task: training resumes from the last "
+                "checkpoint."
+            )
+        live = training_process.live_submission(work)
+        if live is not None:
+            self._submission = live
+            self.log.info(
+                "Reattaching to training process %d (%s), started by an earlier attempt; its log follows.",
+                live.pid,
+                live.backend,
+            )
+            exit_code, last_line = training_process.follow(live, self.log.info)
+            training_process.mark_ended(work)
+        else:
+            command = self._process_command(request, params, work)
+            self.log.info("Starting: %s", " ".join(command))
+            env = dict(os.environ)
+            # spark-submit comes with the pyspark wheel, beside this interpreter, whether or not
+            # the worker's PATH has the virtual environment on it.
+            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+            child = training_process.start(command, env, work, params.train_backend)
+            self._submission = training_process.read_record(work)
+            exit_code, last_line = training_process.follow(self._submission, self.log.info, child=child)
+            training_process.mark_ended(work)
+            raise_for_exit_code("training", exit_code, last_line)
+        return self._finish(request)
+
+    def _finished_result(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        from sparktune.model.train_runs import load_finished_result
+
+        return load_finished_result(
+            settings().mlflow_tracking_uri, request["experiment_name"], request["train_key"]
+        )
+
+    def _finish(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The result of the finished MLflow run of this task's train key, whatever ran it."""
+        outcome = self._finished_result(request)
+        if outcome is None:
+            raise AirflowException(
+                f"Training of key {request['train_key']} ended without a finished MLflow run; the retry "
+                "resumes from its last checkpoint."
+            )
+        self.log.info("training result: %s", json.dumps(outcome, sort_keys=True))
+        return self._keep(outcome)
+
+    def _lineage(self):
+        """The dataset -> the model the MLflow run logged."""
+        from sparktune_airflow.core.lineage import train_lineage
+
+        return train_lineage(
+            self._lineage_result, str(self.dataset_uri), self.data_fingerprint, settings().mlflow_tracking_uri
+        )
+
+    def on_kill(self) -> None:
+        # A kill (a timeout's included) that lands between the start and the line that keeps the
+        # submission finds the process through the record the start wrote.
+        work = self._attempt_work_dir
+        submission = self._submission or (training_process.live_submission(work) if work else None)
+        if submission is not None:
+            self._submission = submission
+            self.log.info("Stopping training process %d.", submission.pid)
+            training_process.stop(submission)
+            if work is not None:
+                # Stopped for good: a retry on another worker host may train the key again.
+                training_process.mark_ended(work)
+        if self.databricks_run_id is not None:
+            self._cancel_databricks()
+
+
+def experiment_name(model_name: str) -> str:
+    """The MLflow experiment of a registered model's training runs."""
+    return f"sparktune-{model_name}"

@@ -1,0 +1,83 @@
+"""``SmokeTestOperator``: loads the promoted alias as a user would and predicts on sample rows, before
+``champion`` moves to it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+from sparktune_airflow.core.domain_cli import raise_for_exit_code, run_module
+from sparktune_airflow.core.mlflow import UsesMLflowConnection
+from sparktune_airflow.core.task_context import pipeline_params, task_scratch_dir
+
+
+class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
+    """Loads ``models:/NAME@alias`` with ``mlflow.pyfunc`` as a user would and predicts on sample rows.
+
+    Every answer must be a label; load time and per-row latency go to the training run and to the
+    version's tags. A model that fails stops here (``AirflowFailException``): the alias after it
+    (``champion``) never moves to a model users could not call.
+
+    :param model_name: (templated) the registered model name.
+    :param version: (templated) the version ``alias`` must point at; if another run moved it,
+        the task fails at once.
+    :param dataset_uri: (templated) the ``DatasetDict`` the sample rows come from.
+    :param run_id: (templated) the MLflow run that receives the latency metrics.
+    :param alias: the alias loaded, as a user would load it (default ``staging``).
+    :param rows: how many rows are predicted, one by one and as a batch (default 16).
+    :param pipeline_params: (templated) ``smoke_max_invalid_rate`` and ``trust_remote_code``; missing
+        names (or None) take their defaults.
+    """
+
+    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        version: str,
+        dataset_uri: str,
+        run_id: str,
+        alias: str = "staging",
+        rows: int = 16,
+        pipeline_params: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model_name = model_name
+        self.version = version
+        self.dataset_uri = dataset_uri
+        self.run_id = run_id
+        self.alias = alias
+        self.rows = rows
+        self.pipeline_params = pipeline_params
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.release.registry import alias_version
+
+        client = self.mlflow_hook.get_conn()
+        current = alias_version(client, self.model_name, self.alias)
+        if current != str(self.version):
+            raise AirflowFailException(
+                f"{self.model_name}@{self.alias} is version {current}, not {self.version} that this run "
+                f"promoted; another run moved it. Re-run this DAG run's promotion from evaluate."
+            )
+        output = task_scratch_dir(context) / "smoke.json"
+        model_uri = f"models:/{self.model_name}@{self.alias}"
+        params = pipeline_params(self.pipeline_params)
+        result = run_module(
+            "sparktune.jobs.smoke_test",
+            *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--rows", str(self.rows)),
+            *("--max-invalid-rate", str(params.smoke_max_invalid_rate), "--output", str(output)),
+            *("--trust-remote-code", "true" if params.trust_remote_code else "false"),
+        )
+        raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)
+        summary = json.loads(output.read_text())
+        for name, value in summary["metrics"].items():
+            client.log_metric(self.run_id, name, value)
+            client.set_model_version_tag(self.model_name, str(self.version), name, f"{value:.3f}")
+        self.log.info("smoke test of %s passed: %s", model_uri, json.dumps(summary["metrics"]))
+        return {"model_uri": model_uri, "version": str(self.version), **summary["metrics"]}

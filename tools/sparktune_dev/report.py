@@ -1,0 +1,119 @@
+"""A text summary of the newest model version: data counts, fingerprint, run, aliases, metrics.
+
+``make demo`` and ``make run`` print it after the DAG run, from MLflow alone (the record a user
+would consult), so what it shows is what was actually logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from sparktune.core.config import DEFAULT_MODEL_NAME, settings
+
+
+def model_summary(model_name: str) -> dict:
+    """The newest version of ``model_name`` with its run's pipeline record; raises LookupError if none."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(settings().mlflow_tracking_uri)
+    client = MlflowClient()
+    versions = client.search_model_versions(f"name = '{model_name}'")
+    if not versions:
+        raise LookupError(
+            f"no registered model {model_name!r} in {settings().mlflow_tracking_uri}; run `make demo` first"
+        )
+    newest = max(versions, key=lambda v: int(v.version))
+    aliases = {
+        alias: v.version
+        for v in versions
+        for alias in client.get_model_version(model_name, v.version).aliases
+    }
+    run = client.get_run(newest.run_id)
+    prepare = _load_json_artifact(newest.run_id, "pipeline/prepare_summary.json")
+    trained = _load_json_artifact(newest.run_id, "train_result.json")
+    return {
+        "model_name": model_name,
+        "version": newest.version,
+        "version_aliases": sorted(a for a, v in aliases.items() if v == newest.version),
+        "all_aliases": aliases,
+        "mlflow_run_id": newest.run_id,
+        "data_fingerprint": run.data.tags.get("sparktune.data_fingerprint"),
+        "gate_decision": run.data.tags.get("sparktune.gate.decision"),
+        "gate_reasons": run.data.tags.get("sparktune.gate.reasons", ""),
+        "metrics": {k: v for k, v in sorted(run.data.metrics.items()) if not k.startswith("rows_out.")},
+        "prepare_steps": (prepare or {}).get("steps", []),
+        "split_counts": (prepare or {}).get("split_counts", {}),
+        "recipe": (trained or {}).get("recipe", {}),
+    }
+
+
+def _load_json_artifact(run_id: str, path: str) -> dict | None:
+    import mlflow
+
+    try:
+        return mlflow.artifacts.load_dict(f"runs:/{run_id}/{path}")
+    except Exception:  # an older run without the record: the summary just omits it
+        return None
+
+
+def format_summary(summary: dict) -> str:
+    lines = ["", "=" * 72, f"Model {summary['model_name']} version {summary['version']}", "=" * 72]
+    if summary["prepare_steps"]:
+        lines.append("Data preparation (rows in -> out):")
+        for step in summary["prepare_steps"]:
+            skipped = "  (skipped)" if step.get("skipped") else ""
+            lines.append(f"  {step['step']:<18} {step['rows_in']:>9} -> {step['rows_out']:>9}{skipped}")
+        lines.append(f"  splits: {json.dumps(summary['split_counts'])}")
+    lines += [
+        f"Data fingerprint:  {summary['data_fingerprint']}",
+        f"MLflow run id:     {summary['mlflow_run_id']}",
+        f"Aliases of v{summary['version']}:    {', '.join(summary['version_aliases']) or '(none)'}",
+        f"All aliases:       {json.dumps(summary['all_aliases'])}",
+    ]
+    if summary.get("recipe"):
+        from sparktune.model.recipes import format_recipe
+
+        lines += format_recipe(summary["recipe"])
+    lines += [f"Gate decision:     {summary['gate_decision']}"]
+    lines += [f"  {reason}" for reason in summary["gate_reasons"].splitlines()]
+    lines.append("Metrics:")
+    wanted = (
+        "eval_loss",
+        "eval_accuracy",
+        "eval_macro_f1",
+        "eval_perplexity",
+        "train_loss",
+        "tokens_per_second",
+    )
+    for name in wanted:
+        if name in summary["metrics"]:
+            lines.append(f"  {name:<24} {summary['metrics'][name]:.4f}")
+    lines += [
+        "",
+        "Open the UIs on this state:",
+        "  make mlflow-ui    # MLflow at http://127.0.0.1:5000",
+        "  make airflow-ui   # Airflow at http://127.0.0.1:8080 (login: see README)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparktune_dev.report", description=__doc__)
+    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    try:
+        summary = model_summary(args.model_name)
+    except LookupError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
