@@ -115,6 +115,15 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         if params.approval == "none":
             self.log.info("approval=none: promotion follows the gate and the smoke test, no one is asked")
             return {"decision": "not_required"}
+        earlier = self._earlier_answer(context)
+        if earlier is not None:
+            self.log.info(
+                "try %d: an earlier try of this task was answered (%s); that answer stands, "
+                "no one is asked again",
+                context["ti"].try_number,
+                ", ".join(earlier["chosen_options"]),
+            )
+            return self.execute_complete(context, earlier)
         approvers = [name.strip() for name in params.approvers.split(",") if name.strip()]
         self.assigned_users = [{"id": name, "name": name} for name in approvers] or None
         self.response_timeout = timedelta(minutes=params.approval_timeout_minutes)
@@ -135,6 +144,31 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
             params.approval_timeout_minutes,
         )
         return super().execute(context)
+
+    def _earlier_answer(self, context: Any) -> dict[str, Any] | None:
+        """The answer an earlier try of this task instance received, as the event ``execute_complete``
+        takes. An answer given within a second of the request can land before the scheduler has
+        seen the task park (Airflow 3.3): the scheduler then retries the task, and asking again would
+        drop the person's answer."""
+        ti = context["ti"]
+        if ti.try_number <= 1:
+            return None
+        from airflow.sdk.execution_time.hitl import get_hitl_detail_content_detail
+
+        try:
+            detail = get_hitl_detail_content_detail(ti.id)
+        except Exception as exc:  # no request yet (the earlier try failed before asking): ask now
+            self.log.info("no earlier answer to reuse (%s)", exc)
+            return None
+        if not detail.response_received or not detail.chosen_options:
+            return None
+        return {
+            "chosen_options": list(detail.chosen_options),
+            "params_input": detail.params_input or {},
+            "responded_at": detail.responded_at,
+            "responded_by_user": detail.responded_by_user.model_dump() if detail.responded_by_user else None,
+            "timedout": detail.responded_by_user is None,  # the timeout sweep answers as no one
+        }
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         from sparktune.release.approval import decision_from_response, record_decision
