@@ -35,6 +35,7 @@ class FakeTaskInstance:
     task_id: str = "train"
     try_number: int = 1
     xcom: dict = field(default_factory=dict)
+    stats_tags: dict = field(default_factory=dict)
 
     def xcom_push(self, key, value):
         self.xcom[key] = value
@@ -87,8 +88,37 @@ def _operator(workspace: Path, **kwargs):
     )
 
 
+class TaskStateStore:
+    """What ``context["task_state_store"]`` offers an operator (``get``/``set``), kept in memory.
+    Airflow scopes it by dag, run and task, so that every try of a task instance sees it."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+    def get(self, key, default=None):
+        return self.values.get(key, default)
+
+    def set(self, key, value, *, retention=None):
+        self.values[key] = json.loads(json.dumps(value))  # stored as JSON, as Airflow does
+
+
+_STORES: dict[tuple, TaskStateStore] = {}
+
+
+def _store(run_id: str) -> TaskStateStore:
+    return _STORES.setdefault(("llm_finetune", run_id, "train"), TaskStateStore())
+
+
 def _context(params: dict, **ti) -> dict:
-    return {"ti": FakeTaskInstance(**ti), "params": params}
+    instance = FakeTaskInstance(**ti)
+    return {"ti": instance, "params": params, "task_state_store": _store(instance.run_id)}
+
+
+def _stored_submission(run_id: str):
+    from sparktune_airflow.model import training_process
+
+    value = _store(run_id).get("sparktune_training")
+    return training_process.Submission.from_json(value) if value else None
 
 
 def _client():
@@ -134,16 +164,18 @@ def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(work
     context = _context(params, run_id="reattach-1")
     request = first._request(context, _parse(params))
     work = Path(request["output_dir"])
-    # The first attempt's process, left running as if its task runner had died.
+    # The first attempt's process, left running as if its task runner had died after keeping it in
+    # the task state store.
     command = first._process_command(request, _parse(params), work)
-    orphan = training_process.start(command, dict(os.environ), work, "local")
-    pids_before = {orphan.pid}
+    orphan, submission = training_process.start(command, dict(os.environ), work, "local")
+    context["task_state_store"].set("sparktune_training", submission.to_json())
 
     retry = _operator(workspace, pipeline_params=params)
     result = retry.execute(_context(params, run_id="reattach-1", try_number=2))
     orphan.wait()
     assert "Reattaching to training process" in capsys.readouterr().out
-    assert training_process.read_record(work).pid in pids_before  # no second process was recorded
+    stored = _stored_submission("reattach-1")
+    assert stored.pid == orphan.pid and stored.ended  # no second process was started
     assert result["global_steps"] == 60 and not result["reused"]
     assert len(_runs_of(f"tags.`sparktune.train_key` = '{request['train_key']}'")) == 1
 
@@ -151,9 +183,6 @@ def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(work
 def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_has_ended(workspace):
     """Celery may run a retry on another worker host, which cannot see the first try's process: it
     must fail saying where the training runs and how to go on, not start a second one beside it."""
-    import dataclasses
-    import json
-
     from airflow.sdk.exceptions import AirflowException
     from sparktune_airflow.model import training_process
 
@@ -162,8 +191,7 @@ def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_
     context = _context(params, run_id="other-host-1")
     request = operator._request(context, _parse(params))
     work = Path(request["output_dir"])
-    work.mkdir(parents=True, exist_ok=True)
-    # What the first try wrote on the worker "gpu-worker-2" before its task runner died there.
+    # What the first try kept on the worker "gpu-worker-2" before its task runner died there.
     elsewhere = training_process.Submission(
         pid=4242,
         create_time=time.time() - 60,
@@ -172,7 +200,7 @@ def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_
         backend="local",
         host="gpu-worker-2",
     )
-    (work / training_process.RECORD_NAME).write_text(json.dumps(dataclasses.asdict(elsewhere)))
+    context["task_state_store"].set("sparktune_training", elsewhere.to_json())
 
     with pytest.raises(AirflowException) as failed:
         _operator(workspace, pipeline_params=params).execute(
@@ -180,25 +208,26 @@ def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_
         )
     message = str(failed.value)
     assert "started on host gpu-worker-2 (pid 4242" in message
-    assert f"delete {work / training_process.RECORD_NAME} and clear this task" in message
-    assert training_process.read_record(work).host == "gpu-worker-2"  # nothing was started here
+    state_key = (
+        "/api/v2/dags/llm_finetune/dagRuns/other-host-1/taskInstances/train/state-store/sparktune_training"
+    )
+    assert f"delete the task state key (DELETE {state_key}) and clear this task" in message
+    assert _stored_submission("other-host-1") == elsewhere  # nothing was started here
     assert not _runs_of(f"tags.`sparktune.train_key` = '{request['train_key']}'")
 
-    # Once the training is known to have ended (the attempt following it marks the record), a retry
+    # Once the training is known to have ended (the attempt following it marks it), a retry
     # anywhere trains the key, resuming from its checkpoints.
-    training_process.mark_ended(work)
+    context["task_state_store"].set("sparktune_training", elsewhere.ended_now().to_json())
     result = _operator(workspace, pipeline_params=params).execute(
         _context(params, run_id="other-host-1", try_number=3)
     )
     assert result["global_steps"] == 10
-    record = training_process.read_record(work)
-    assert record.host == training_process.this_host() and record.ended
+    stored = _stored_submission("other-host-1")
+    assert stored.host == training_process.this_host() and stored.ended
 
 
 def test_on_kill_stops_the_training_process(workspace):
     import threading
-
-    from sparktune_airflow.model import training_process
 
     params = _params(max_steps=100000, checkpoint_steps=100000)
     operator = _operator(workspace, pipeline_params=params)
@@ -218,18 +247,18 @@ def test_on_kill_stops_the_training_process(workspace):
         time.sleep(0.1)
     submission = operator._submission
     assert submission is not None and submission.process() is not None
+    assert _stored_submission("kill-1") == submission  # kept before the log is followed
     operator.on_kill()
     thread.join(60)
     assert submission.process() is None
     assert errors and "exited with code" in str(errors[0])
     # Marked ended: a retry on another worker host may train the key again.
-    assert training_process.read_record(operator._attempt_work_dir).ended
+    assert _stored_submission("kill-1").ended
 
 
 def test_train_timeout_minutes_is_the_time_limit_and_reaching_it_stops_the_training(workspace):
     from airflow.sdk.exceptions import AirflowTaskTimeout
     from airflow.sdk.execution_time.task_runner import _run_execute_callable
-    from sparktune_airflow.model import training_process
 
     params = _params(max_steps=100000, checkpoint_steps=100000, train_timeout_minutes=0.25)
     operator = _operator(workspace, pipeline_params=params)
@@ -239,8 +268,7 @@ def test_train_timeout_minutes_is_the_time_limit_and_reaching_it_stops_the_train
     # What the task runner does with execution_timeout: a SIGALRM, then on_kill.
     with pytest.raises(AirflowTaskTimeout):
         _run_execute_callable(context, operator.execute, operator)
-    work = operator._attempt_work_dir
-    record = training_process.read_record(work)
+    record = _stored_submission("timeout-1")
     assert record is not None, "the training had not started after 15 s"
     deadline = time.monotonic() + 30
     while record.process() is not None and time.monotonic() < deadline:

@@ -6,15 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from airflow.configuration import conf
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 from sparktune.core.config import settings
 from sparktune.core.params import PipelineParams
@@ -28,8 +30,14 @@ from sparktune_airflow.core.task_context import config_hash, pipeline_params
 from sparktune_airflow.model import training_process
 from sparktune_airflow.model.databricks_training import DatabricksTrainingMixin
 
+# What get_job_status reports of a training process on this host.
+_RUNNING = "running"
+_ENDED = "ended"
 
-class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainingMixin, BaseOperator):
+
+class TrainModelOperator(
+    UsesMLflowConnection, ReportsLineage, DatabricksTrainingMixin, ResumableJobMixin, BaseOperator
+):
     """Submits the training entry point (``sparktune.jobs.train``) to the run's ``train_backend``.
 
     - ``local``: a process on this worker, its log streamed into the task log.
@@ -38,12 +46,15 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
     - ``databricks``: a one-time run on a new job cluster (``databricks_conn_id``), deferrable,
       with a link to the run page.
 
-    The submission key is dag/run/task + data fingerprint + config hash. A retry reattaches to
-    the live process or Databricks run of its key instead of starting a second one, reuses a
-    finished MLflow run, and otherwise resumes from the key's last checkpoint into the same
-    MLflow run. ``on_kill`` stops the process or cancels the Databricks run. Returns the finished
-    MLflow run's ``train_result.json`` (``mlflow_run_id``, training metrics). MLflow is the one
-    at ``MLFLOW_TRACKING_URI``.
+    The submission key is dag/run/task + data fingerprint + config hash. A retry reuses a
+    finished MLflow run of its key; otherwise it reattaches to the live training instead of
+    starting a second one: the process, found through Airflow's task state store
+    (``ResumableJobMixin``, key ``sparktune_training``: host, pid, start time, log), or the
+    Databricks run, found through the key's idempotency token. A process on another host cannot
+    be reattached to: the retry fails saying where it runs and how to go on. Otherwise training
+    resumes from the key's last checkpoint into the same MLflow run. ``on_kill`` stops the process
+    or cancels the Databricks run. Returns the finished MLflow run's ``train_result.json``
+    (``mlflow_run_id``, training metrics). MLflow is the one at ``MLFLOW_TRACKING_URI``.
 
     :param dataset_uri: (templated) the ``DatasetDict`` folder ``MaterializeDatasetOperator`` wrote
         (with ``dataset_mode=streaming``: the prepared Parquet).
@@ -61,6 +72,8 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
     :param polling_period_seconds: how often a Databricks run's state is checked (default 30).
     """
 
+    # Where the task state store keeps the training process of this task (ResumableJobMixin).
+    external_id_key = "sparktune_training"
     template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
     operator_extra_links = (DatabricksRunLink(), MLflowRunLink())
 
@@ -90,7 +103,10 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
         self.polling_period_seconds = polling_period_seconds
         self.databricks_run_id: int | None = None
         self._submission: training_process.Submission | None = None
-        self._attempt_work_dir: Path | None = None
+        self._child: subprocess.Popen | None = None
+        self._state_store: Any = None
+        self._process_request: tuple[dict[str, Any], PipelineParams] | None = None
+        self._result: dict[str, Any] | None = None
 
     # -- the key and the request
 
@@ -184,43 +200,89 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
     def _execute_process(
         self, context: Any, request: dict[str, Any], params: PipelineParams
     ) -> dict[str, Any]:
+        self._process_request = (request, params)
+        self._state_store = context.get("task_state_store")
+        return self.execute_resumable(context)
+
+    # -- ResumableJobMixin: the external id is the Submission (host, pid, start time, log)
+
+    def submit_job(self, context: Any) -> dict[str, Any]:
+        request, params = self._process_request
         work = Path(request["output_dir"])
-        self._attempt_work_dir = work
-        elsewhere = training_process.started_elsewhere(work)
-        if elsewhere is not None:
-            # Starting here would train the key a second time beside a process this host cannot see.
-            raise AirflowException(
-                f"Training of key {request['train_key']} was started on host {elsewhere.host} (pid "
-                f"{elsewhere.pid}, log {elsewhere.log_path}) by an earlier attempt, and this attempt runs on "
-                f"{training_process.this_host()}, which cannot reattach to it. While it runs, each retry "
-                "fails here; once it has finished its MLflow run, the next retry (or a clear of this task) "
-                f"reuses it. If it no longer runs there (or host {elsewhere.host} is gone), delete "
-                f"{work / training_process.RECORD_NAME} and clear this task: training resumes from the last "
-                "checkpoint."
-            )
-        live = training_process.live_submission(work)
-        if live is not None:
-            self._submission = live
+        command = self._process_command(request, params, work)
+        self.log.info("Starting: %s", " ".join(command))
+        env = dict(os.environ)
+        # spark-submit comes with the pyspark wheel, beside this interpreter, whether or not
+        # the worker's PATH has the virtual environment on it.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        self._child, self._submission = training_process.start(command, env, work, params.train_backend)
+        return self._submission.to_json()
+
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        submission = training_process.Submission.from_json(external_id)
+        if submission.ended:
+            return _ENDED
+        if not submission.on_this_host():
+            # A finished MLflow run was looked for first: this one has not finished, and starting
+            # here would train the key a second time beside a process this host cannot see.
+            request, _ = self._process_request
+            raise AirflowException(self._elsewhere_message(context, request, submission))
+        return _RUNNING if submission.process() is not None else _ENDED
+
+    def is_job_active(self, status: str) -> bool:
+        return status == _RUNNING
+
+    def is_job_succeeded(self, status: str) -> bool:
+        # A training that finished left its MLflow run, which execute() reuses before asking here;
+        # an ended process without one is resumed from its last checkpoint by a new submission.
+        return False
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> dict[str, Any]:
+        submission = training_process.Submission.from_json(external_id)
+        child = self._child if self._submission == submission else None
+        if child is None:
             self.log.info(
-                "Reattaching to training process %d (%s), started by an earlier attempt; its log follows.",
-                live.pid,
-                live.backend,
+                "Reattaching to training process %d (%s) on %s, started by an earlier attempt; "
+                "its log follows.",
+                submission.pid,
+                submission.backend,
+                submission.host,
             )
-            exit_code, last_line = training_process.follow(live, self.log.info)
-            training_process.mark_ended(work)
-        else:
-            command = self._process_command(request, params, work)
-            self.log.info("Starting: %s", " ".join(command))
-            env = dict(os.environ)
-            # spark-submit comes with the pyspark wheel, beside this interpreter, whether or not
-            # the worker's PATH has the virtual environment on it.
-            env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-            child = training_process.start(command, env, work, params.train_backend)
-            self._submission = training_process.read_record(work)
-            exit_code, last_line = training_process.follow(self._submission, self.log.info, child=child)
-            training_process.mark_ended(work)
+        self._submission = submission
+        exit_code, last_line = training_process.follow(submission, self.log.info, child=child)
+        self._mark_ended()
+        if child is not None:
             raise_for_exit_code("training", exit_code, last_line)
-        return self._finish(request)
+        # The mixin returns what this returns when it reattached, and get_job_result's otherwise.
+        return self.get_job_result(external_id, context)
+
+    def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
+        if self._result is None:
+            request, _ = self._process_request
+            self._result = self._finish(request)
+        return self._result
+
+    def _mark_ended(self) -> None:
+        """The process exited (or was stopped): a retry on any host may train the key again."""
+        if self._submission is not None and self._state_store is not None:
+            self._state_store.set(self.external_id_key, self._submission.ended_now().to_json())
+
+    def _elsewhere_message(
+        self, context: Any, request: dict[str, Any], submission: training_process.Submission
+    ) -> str:
+        ti = context["ti"]
+        key_path = (
+            f"/api/v2/dags/{ti.dag_id}/dagRuns/{quote(ti.run_id, safe='')}/taskInstances/{ti.task_id}"
+            f"/state-store/{self.external_id_key}"
+        )
+        return (
+            f"Training of key {request['train_key']} was started on host {submission.host} (pid "
+            f"{submission.pid}, log {submission.log_path}) by an earlier attempt, and this attempt runs on "
+            f"{training_process.this_host()}, which cannot reattach to it. While it runs, each retry fails "
+            "here; once it has finished its MLflow run, the next retry (or a clear of this task) reuses it. "
+            f"If it no longer runs there (or host {submission.host} is gone), delete the task state key "
+            f"(DELETE {key_path}) and clear this task: training resumes from the last checkpoint."
+        )
 
     def _finished_result(self, request: dict[str, Any]) -> dict[str, Any] | None:
         from sparktune.model.train_runs import load_finished_result
@@ -249,17 +311,12 @@ class TrainModelOperator(UsesMLflowConnection, ReportsLineage, DatabricksTrainin
         )
 
     def on_kill(self) -> None:
-        # A kill (a timeout's included) that lands between the start and the line that keeps the
-        # submission finds the process through the record the start wrote.
-        work = self._attempt_work_dir
-        submission = self._submission or (training_process.live_submission(work) if work else None)
+        submission = self._submission
         if submission is not None:
-            self._submission = submission
             self.log.info("Stopping training process %d.", submission.pid)
             training_process.stop(submission)
-            if work is not None:
-                # Stopped for good: a retry on another worker host may train the key again.
-                training_process.mark_ended(work)
+            # Stopped for good: a retry on another worker host may train the key again.
+            self._mark_ended()
         if self.databricks_run_id is not None:
             self._cancel_databricks()
 

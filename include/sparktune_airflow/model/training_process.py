@@ -1,15 +1,15 @@
-"""A training process started on the Airflow worker, recorded so that a retry can reattach to it.
+"""A training process started on the Airflow worker, described so that a retry can reattach to it.
 
 The local backend runs ``python -m sparktune.jobs.train``; the spark backend runs
 ``spark-submit`` in client mode, whose driver is also a process on this worker. Both are
-started in a session of their own with their output going to a log file, and a record
-(``submission.json``: host, pid, the process's start time, the command) is written beside the
-checkpoints of the train key. A task attempt that dies (a worker restart, an OOM-killed task
-runner) leaves the process running; the next attempt finds it alive through the record and
-follows its log until it exits instead of starting a second training on the same key. The attempt
-that saw the process exit marks the record ended. A retry on another host cannot see a process of
-the record's host: while the record is not marked ended it refuses to start a second training
-(:func:`started_elsewhere`) and says how to go on.
+started in a session of their own with their output going to a log file. What identifies the
+process (host, pid, start time, command, log) is a :class:`Submission`, which
+``TrainModelOperator`` keeps in Airflow's task state store (``ResumableJobMixin``): a task
+attempt that dies (a worker restart, an OOM-killed task runner) leaves the process running, and
+the next attempt, on whichever worker it lands, reads the submission back. On the same host it
+follows the live process's log until it exits instead of starting a second training on the same
+key; on another host it cannot see the process and refuses to start a second one while the
+submission is not marked ended.
 
 Not ``SubprocessHook``: it can neither be found again by a later attempt nor tailed from a file.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -27,26 +26,36 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-RECORD_NAME = "submission.json"
 LOG_NAME = "train.log"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Submission:
     pid: int
     create_time: float
     command: list[str]
     log_path: str
     backend: str
-    # Records written before hosts were recorded have none: they are taken as this host's.
-    host: str = ""
+    host: str
     ended: bool = False
 
+    @classmethod
+    def from_json(cls, value: Any) -> Submission:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in dict(value).items() if k in fields})
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def ended_now(self) -> Submission:
+        return dataclasses.replace(self, ended=True)
+
     def on_this_host(self) -> bool:
-        return not self.host or self.host == this_host()
+        return self.host == this_host()
 
     def process(self) -> psutil.Process | None:
         """The recorded process if it still runs (same pid *and* start time: pids are reused)."""
@@ -66,48 +75,17 @@ def this_host() -> str:
     return socket.gethostname()
 
 
-def read_record(work_dir: Path) -> Submission | None:
-    path = work_dir / RECORD_NAME
-    try:
-        return Submission(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def started_elsewhere(work_dir: Path) -> Submission | None:
-    """The record of a training another host started for this key and no attempt saw end."""
-    record = read_record(work_dir)
-    return record if record is not None and not record.ended and not record.on_this_host() else None
-
-
-def mark_ended(work_dir: Path) -> None:
-    """Record that the training process exited: a retry anywhere may then start the key again."""
-    record = read_record(work_dir)
-    if record is not None:
-        _write(work_dir, dataclasses.replace(record, ended=True))
-
-
-def _write(work_dir: Path, record: Submission) -> None:
-    tmp = work_dir / f"{RECORD_NAME}.tmp"
-    tmp.write_text(json.dumps(asdict(record), indent=2))
-    tmp.replace(work_dir / RECORD_NAME)
-
-
-def live_submission(work_dir: Path) -> Submission | None:
-    """The training process an earlier attempt started for this key, if it is still running."""
-    record = read_record(work_dir)
-    return record if record is not None and record.process() is not None else None
-
-
-def start(command: Sequence[str], env: dict[str, str], work_dir: Path, backend: str) -> subprocess.Popen:
-    """Start ``command`` in its own session, its output appended to the key's log, and record it."""
+def start(
+    command: Sequence[str], env: dict[str, str], work_dir: Path, backend: str
+) -> tuple[subprocess.Popen, Submission]:
+    """Start ``command`` in its own session, its output appended to the key's log."""
     work_dir.mkdir(parents=True, exist_ok=True)
     log_path = work_dir / LOG_NAME
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             list(command), stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-    record = Submission(
+    submission = Submission(
         pid=proc.pid,
         create_time=psutil.Process(proc.pid).create_time(),
         command=list(command),
@@ -115,8 +93,7 @@ def start(command: Sequence[str], env: dict[str, str], work_dir: Path, backend: 
         backend=backend,
         host=this_host(),
     )
-    _write(work_dir, record)
-    return proc
+    return proc, submission
 
 
 def follow(
