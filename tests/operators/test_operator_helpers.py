@@ -54,6 +54,19 @@ def test_the_embedded_runner_turns_deadlines_off_and_a_dag_then_has_none(tmp_pat
         run_deadline()
 
 
+def test_task_retries_come_from_the_environment_with_a_clear_error_when_wrong(monkeypatch):
+    from sparktune_airflow.core.dag_defaults import task_defaults
+
+    monkeypatch.delenv("SPARKTUNE_TASK_RETRIES", raising=False)
+    assert task_defaults()["retries"] == 2
+    monkeypatch.setenv("SPARKTUNE_TASK_RETRIES", "4")
+    assert task_defaults()["retries"] == 4
+    for wrong in ("-1", "two"):
+        monkeypatch.setenv("SPARKTUNE_TASK_RETRIES", wrong)
+        with pytest.raises(ValueError, match=f"SPARKTUNE_TASK_RETRIES='{wrong}' is not a number of retries"):
+            task_defaults()
+
+
 def test_trigger_form_carries_every_spec_with_bounds_and_enums():
     params = trigger_form_params()
     assert set(params) == {spec.name for spec in PARAM_SPECS}

@@ -23,16 +23,22 @@ import pytest
 
 try:
     from tests.receivers import SmtpReceiver, WebhookReceiver, connection_env
+    from tests.stack.stack_client import HTTPError
     from tests.stack.stack_client import request as _request
     from tests.stack.ui_steps import CHROMIUM, SHOTS, UI_TIMEOUT_MS, log_in
 except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
     from receivers import SmtpReceiver, WebhookReceiver, connection_env
+    from stack_client import HTTPError
     from stack_client import request as _request
     from ui_steps import CHROMIUM, SHOTS, UI_TIMEOUT_MS, log_in
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
 INCOMING_ROWS = 300  # the texts batch_inference scores after the promotion
-SCHEDULER_HEALTH_THRESHOLD = 15
+# Seconds without a heartbeat before the scheduler fails a task and retries it (Airflow: 300).
+TASK_HEARTBEAT_TIMEOUT = 30
+# The Celery broker's database on the local Redis: emptied when the session's stack starts, so no
+# message a stopped session left reaches this stack's workers.
+REDIS_DB = 9
 # Every llm_finetune run here takes longer than this: each one's deadline alert must fire.
 RUN_DEADLINE_MINUTES = 1
 PLANTED_SECRET = f"planted-{uuid.uuid4().hex}"
@@ -134,6 +140,10 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
         serving_port=_free_port(),
         database_prefix=f"sparktune_test_{uuid.uuid4().hex[:8]}",
         parallelism=2,
+        # Two workers, each with a host name of its own: a retry of train may land on another host.
+        executor="celery",
+        redis=f"redis://127.0.0.1:6379/{REDIS_DB}",
+        celery_concurrency=1,
         # Only REST calls start llm_finetune here: unpausing a cron DAG would also start the latest
         # cron run, and the two would queue behind each other (max_active_runs=1).
         extra_env={
@@ -145,9 +155,12 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
             # re-parses each file every 30 s, about 6 s of CPU every 90 s here, taken from the other
             # test worker for the stack's whole life.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            # A restarted scheduler resets the tasks of a scheduler whose heartbeat is older than this
-            # (default 30 s); rest_run kills the scheduler mid-train and waits this long to restart it.
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(SCHEDULER_HEALTH_THRESHOLD),
+            # A task whose heartbeat is older than this is failed and retried (default 300 s):
+            # rest_run kills the Celery worker that runs train.
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT),
+            # Tries of train on the other host fail while the first try's training runs; enough
+            # retries (30 s, 60 s, 120 s, 240 s apart) that one comes after it has finished.
+            "SPARKTUNE_TASK_RETRIES": "4",
             # Credentials planted in the MLflow connection (the server runs without auth and ignores
             # them): test_full_stack shows they reach no log, XCom, template, tag or lineage event.
             "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(
@@ -164,6 +177,9 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
         },
     )
     base = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
+    import redis
+
+    redis.Redis.from_url(config.redis).flushdb()
     try:
         up(config, timeout=300, base=base)
     except StackError:
@@ -197,17 +213,42 @@ def _task_states(stack: Stack, dag_id: str, run_id: str) -> dict[str, dict[str, 
     return {t["task_id"]: t for t in tasks["task_instances"]}
 
 
-def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> tuple[Path, Any]:
-    """The work folder and submission record of the training process ``train`` started, once that
-    process runs."""
-    from sparktune_airflow.model.training_process import RECORD_NAME, read_record
+def stored_submission(stack: Stack, dag_id: str, run_id: str) -> Any:
+    """The training process ``train`` of a run keeps in Airflow's task state store, read over REST
+    (None before it has one)."""
+    from urllib.parse import quote
 
+    from sparktune_airflow.model.training_process import Submission
+
+    run = quote(run_id, safe="")
+    path = f"/dags/{dag_id}/dagRuns/{run}/taskInstances/train/state-store/sparktune_training"
+    try:
+        return Submission.from_json(stack.rest("GET", path)["value"])
+    except HTTPError as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _running(record: Any) -> bool:
+    """Whether the recorded training process still runs, whatever host name its worker had (the
+    workers' UTS namespaces share this machine's processes)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(record.pid)
+        return abs(proc.create_time() - record.create_time) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) -> Any:
+    """The submission of the training process ``train`` started, once that process runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for record_path in stack.home.rglob(RECORD_NAME):
-            record = read_record(record_path.parent)
-            if record is not None and record.process() is not None:
-                return record_path.parent, record
+        record = stored_submission(stack, "llm_finetune", run_id)
+        if record is not None and _running(record):
+            return record
         states = _task_states(stack, "llm_finetune", run_id)
         finished = [t for t, ti in states.items() if ti["state"] in ("failed", "upstream_failed")]
         assert not finished, f"the run failed before training started: {finished}"
@@ -215,81 +256,73 @@ def _wait_for_training_process(stack: Stack, run_id: str, timeout: float = 900) 
     raise AssertionError(f"no live training process after {timeout:.0f} s")
 
 
-def _wait_for_the_next_train_try(stack: Stack, run_id: str, record: Any, timeout: float = 300) -> dict:
-    """Watch ``train`` after the restart until a try after the first runs (the new scheduler reset
-    the orphaned try 1, and try 2 was queued and started), and say whether the training process of
-    the record was alive then. A process alive after the reset was alive at it: a pid with the same
-    start time never comes back. Gives up quietly when the run ends first or after ``timeout``
-    seconds: the test says what that means."""
-    from urllib.parse import quote
+def _kill_the_worker_during_training(stack: Stack, run_id: str) -> dict[str, Any]:
+    """SIGKILL the process group of the Celery worker that runs ``train`` while its training
+    process runs, and leave it down until the run has ended.
 
-    deadline = time.monotonic() + timeout
-    seen: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        train = _task_states(stack, "llm_finetune", run_id)["train"]
-        seen = {"try_number": train["try_number"], "state": train["state"]}
-        if train["try_number"] >= 2 and train["state"] == "running":
-            return {**seen, "training_alive": record.process() is not None}
-        run = stack.rest("GET", f"/dags/llm_finetune/dagRuns/{quote(run_id, safe='')}")
-        if run["state"] in ("success", "failed"):
-            break
-        time.sleep(0.5)
-    return {**seen, "training_alive": None}
+    The group is the worker with its pool, the task supervisor and the task runner of ``train``:
+    what a worker machine's crash takes with it, but for the training process, which lives in a
+    session of its own. The scheduler finds the task's heartbeat gone
+    (``task_instance_heartbeat_timeout``) and retries it on the only worker left: another host,
+    which cannot reattach to the process. The training here is shorter than the time Airflow takes
+    to notice the kill and wait out the retry delay, so it is held (SIGSTOP) until that retry has
+    run, as a real training of hours would still run then, and let go (SIGCONT) after.
 
-
-def _kill_scheduler_during_training(stack: Stack, run_id: str) -> dict[str, Any]:
-    """SIGKILL the scheduler's whole process group while ``train``'s process runs, then restart it.
-
-    The group is the scheduler with its LocalExecutor workers, the task supervisors and the task
-    runner of ``train``: what a crashed scheduler host or container takes with it. The training
-    process lives in a session of its own and keeps running. The restart waits until the dead
-    scheduler's heartbeat is stale, as a real restart after a crash would be: the new scheduler then
-    resets the orphaned ``train`` task, and its next try must reattach instead of training again.
-
-    Returns what the test checks: the training process at the kill (pid and start time, the
-    submission record's folder), the try of ``train`` that was running, and whether the process
-    was alive right after the kill, at the restart, and once the next try ran.
+    Returns what the test checks: the training process at the kill, the worker (host) it ran on,
+    whether the process outlived the kill, and the state of ``train`` when the process was let go.
     """
     import signal
 
-    from sparktune_dev.stack import _read_pids, up
+    from sparktune_dev.stack import _read_pids
 
-    work_dir, record = _wait_for_training_process(stack, run_id)
+    record = _wait_for_training_process(stack, run_id)
     train_at_kill = _task_states(stack, "llm_finetune", run_id)["train"]
-    scheduler = _read_pids(stack.config)["scheduler"]
-    os.killpg(scheduler, signal.SIGKILL)
-    killed_at = time.monotonic()
-    alive_after_kill = record.process() is not None
-    time.sleep(SCHEDULER_HEALTH_THRESHOLD + 2)
-    up(stack.config, timeout=300, base=stack.base_env)
-    alive_at_restart = record.process() is not None
-    restart_seconds = round(time.monotonic() - killed_at, 1)
+    host = train_at_kill["hostname"]
+    assert host in stack.config.celery_workers, (
+        f"train ran on host {host!r}, not on a worker of its own host name {stack.config.celery_workers}: "
+        "the stack tests run as root, where each Celery worker gets a UTS namespace (sparktune_dev.stack)"
+    )
+    os.killpg(_read_pids(stack.config)[f"celery-{host}"], signal.SIGKILL)
+    os.killpg(record.pid, signal.SIGSTOP)
+    try:
+        alive_after_kill = _running(record)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            train = _task_states(stack, "llm_finetune", run_id)["train"]
+            if train["try_number"] >= 2 and train["state"] in ("up_for_retry", "failed", "success"):
+                break
+            time.sleep(1)
+    finally:
+        os.killpg(record.pid, signal.SIGCONT)
     return {
         "training_pid": record.pid,
         "training_create_time": record.create_time,
-        "work_dir": str(work_dir),
+        "training_host": record.host,
+        "worker_killed": host,
         "train_at_kill": {"try_number": train_at_kill["try_number"], "state": train_at_kill["state"]},
         "training_alive_after_kill": alive_after_kill,
-        "training_alive_at_restart": alive_at_restart,
-        "restart_seconds": restart_seconds,
-        "next_try": _wait_for_the_next_train_try(stack, run_id, record),
+        "train_at_release": {"try_number": train["try_number"], "state": train["state"]},
     }
 
 
 @pytest.fixture(scope="session")
 def rest_run(stack) -> dict:
-    """One llm_finetune run triggered through the REST API, with the scheduler killed while ``train``
-    runs and restarted (see :func:`_kill_scheduler_during_training`); waited for until it ends.
+    """One llm_finetune run triggered through the REST API, with the Celery worker running ``train``
+    killed while its training process runs (see :func:`_kill_the_worker_during_training`); waited
+    for until it ends, then the worker is started again.
 
     The other tests check everything a clean run must show on this run: the fault must change
-    nothing but ``train``'s try number.
+    nothing but ``train``'s tries.
     """
+    from sparktune_dev.stack import up
+
     stack.rest("PATCH", "/dags/llm_finetune", {"is_paused": False})
     # Started by the champion asset event that promote_champion emits (test_full_stack checks it).
     stack.rest("PATCH", "/dags/batch_inference", {"is_paused": False})
     run = stack.rest("POST", "/dags/llm_finetune/dagRuns", {"logical_date": None, "conf": {}})
-    fault = _kill_scheduler_during_training(stack, run["dag_run_id"])
+    fault = _kill_the_worker_during_training(stack, run["dag_run_id"])
     run = stack.wait_for_run("llm_finetune", run["dag_run_id"])
+    up(stack.config, timeout=300, base=stack.base_env)
     run["tasks"] = _task_states(stack, "llm_finetune", run["dag_run_id"])
     run["fault"] = fault
     return run

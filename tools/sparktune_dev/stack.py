@@ -2,9 +2,13 @@
 
 Everything listens on 127.0.0.1 only:
 
-- Airflow on the local PostgreSQL server (its own database) with the LocalExecutor: api-server
-  (UI, REST API, execution API), scheduler, dag-processor and triggerer as separate processes;
-  SimpleAuthManager with one admin whose password is generated into the state folder;
+- Airflow on the local PostgreSQL server (its own database): api-server (UI, REST API, execution
+  API), scheduler, dag-processor and triggerer as separate processes; SimpleAuthManager with one
+  admin whose password is generated into the state folder. Tasks run on the LocalExecutor, or
+  with ``SPARKTUNE_STACK_EXECUTOR=celery`` on the CeleryExecutor (compose's celery profile): the
+  local Redis as broker (``SPARKTUNE_STACK_REDIS``), results in Airflow's database, and two
+  Celery workers. Run as root, each worker has a host name of its own (``worker-1``,
+  ``worker-2``: a UTS namespace from ``unshare``), as two machines would;
 - an MLflow server on PostgreSQL (its own database), serving artifacts from a folder;
 - a Spark standalone master and one worker, from the pyspark wheel (``spark-class``).
 
@@ -21,6 +25,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +40,8 @@ from sparktune.core.config import HOME_ENV
 from sparktune_dev.embedded.environment import PROJECT_ROOT, embedded_env
 
 PG_ENV = "SPARKTUNE_STACK_PG"  # the server: postgresql://user@host:port (trust or password auth)
+EXECUTOR_ENV = "SPARKTUNE_STACK_EXECUTOR"  # local (default) or celery
+REDIS_ENV = "SPARKTUNE_STACK_REDIS"  # the Celery broker: redis://host:port/db
 PORT_ENVS = {
     "airflow_port": "SPARKTUNE_STACK_AIRFLOW_PORT",
     "mlflow_port": "SPARKTUNE_STACK_MLFLOW_PORT",
@@ -66,6 +73,10 @@ class StackConfig:
     database_prefix: str = "sparktune"
     username: str = "admin"
     parallelism: int = 4
+    executor: str = "local"
+    redis: str = "redis://127.0.0.1:6379/0"
+    celery_workers: tuple[str, ...] = ("worker-1", "worker-2")
+    celery_concurrency: int = 2
     worker_cores: int = 2
     worker_memory: str = "6g"
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -78,8 +89,21 @@ class StackConfig:
                 values[name] = int(os.environ[env_name])
         if os.environ.get(PG_ENV):
             values["postgres"] = os.environ[PG_ENV]
+        if os.environ.get(EXECUTOR_ENV):
+            values["executor"] = os.environ[EXECUTOR_ENV]
+        if os.environ.get(REDIS_ENV):
+            values["redis"] = os.environ[REDIS_ENV]
         values.update(overrides)
-        return cls(**values)
+        config = cls(**values)
+        if config.executor not in ("local", "celery"):
+            raise StackError(f"{EXECUTOR_ENV}={config.executor!r}: use local or celery")
+        return config
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The Airflow processes: the four services, and the Celery workers with that executor."""
+        workers = tuple(f"celery-{name}" for name in self.celery_workers) if self.executor == "celery" else ()
+        return (*AIRFLOW_COMPONENTS, *workers)
 
     @property
     def state_dir(self) -> Path:
@@ -161,7 +185,7 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
             "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(state / "logs" / "tasks"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": config.sqlalchemy_url(config.airflow_db),
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor" if config.executor == "celery" else "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(config.parallelism),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
@@ -190,6 +214,14 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
             "SPARK_LOG_DIR": str(state / "logs"),
         }
     )
+    if config.executor == "celery":
+        env.update(
+            {
+                "AIRFLOW__CELERY__BROKER_URL": config.redis,
+                "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + config.sqlalchemy_url(config.airflow_db),
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(config.celery_concurrency),
+            }
+        )
     env.update(config.extra_env)
     return env
 
@@ -248,7 +280,22 @@ def _commands(config: StackConfig) -> dict[str, list[str]]:
     # would listen on every interface (they have no host setting), so they stay off.
     for component in ("scheduler", "triggerer"):
         commands[component].append("--skip-serve-logs")
+    if config.executor == "celery":
+        for name in config.celery_workers:
+            commands[f"celery-{name}"] = _own_host(name, [
+                sys.executable, "-m", "airflow", "celery", "worker",
+                "--celery-hostname", f"{name}@%h", "--skip-serve-logs",
+            ])  # fmt: skip
     return commands
+
+
+def _own_host(name: str, command: list[str]) -> list[str]:
+    """``command`` on a host name of its own (a UTS namespace), where this user may make one: each
+    Celery worker then records its tasks and training processes under its own host, as on two
+    machines. Otherwise the command as it is, on this machine's name."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return command
+    return ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh", *command]
 
 
 def ensure_databases(config: StackConfig) -> None:
@@ -356,7 +403,26 @@ def _health(config: StackConfig) -> dict[str, bool]:
         status["spark-worker"] = master.get("aliveworkers", 0) >= 1
     except (OSError, ValueError):
         status["spark-master"] = status["spark-worker"] = False
+    if config.executor == "celery":
+        status.update(_celery_workers_answering(config))
     return status
+
+
+def _celery_workers_answering(config: StackConfig) -> dict[str, bool]:
+    """Which workers answer a ping over the broker (compose's healthcheck: ``celery inspect ping``)."""
+    from celery import Celery
+
+    app = Celery(broker=config.redis)
+    try:
+        replies = app.control.ping(timeout=1.0) or []
+    except OSError:
+        replies = []
+    finally:
+        app.close()
+    nodes = {node for reply in replies for node in reply}
+    return {
+        f"celery-{name}": any(node.startswith(f"{name}@") for node in nodes) for name in config.celery_workers
+    }
 
 
 def wait_healthy(config: StackConfig, timeout: float = 240) -> dict[str, bool]:
@@ -395,7 +461,7 @@ def up(config: StackConfig, timeout: float = 240, base: dict[str, str] | None = 
             raise StackError(f"airflow db migrate failed on {config.airflow_db}:\n{output}")
     commands = _commands(config)
     # Spark and MLflow first: the Airflow processes' health does not depend on them, the DAGs do.
-    for name in ("spark-master", "spark-worker", "mlflow", "serving", *AIRFLOW_COMPONENTS):
+    for name in ("spark-master", "spark-worker", "mlflow", "serving", *config.components):
         if name not in pids:
             pids[name] = _start(config, name, commands[name], env)
             _pids_file(config).write_text(json.dumps(pids, indent=2))
@@ -425,7 +491,7 @@ def down(config: StackConfig, purge: bool = False, timeout: float = 60) -> list[
     pids = _read_pids(config)
     stopped = []
     # Airflow first, so no task is started against a server that is going away.
-    order = [*AIRFLOW_COMPONENTS, "serving", "mlflow", "spark-worker", "spark-master"]
+    order = [*config.components, "serving", "mlflow", "spark-worker", "spark-master"]
     for name in sorted(pids, key=lambda n: order.index(n) if n in order else len(order)):
         pid = pids[name]
         if not _alive(pid):

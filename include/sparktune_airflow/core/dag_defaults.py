@@ -2,8 +2,9 @@
 notification on every task, and a deadline on every run.
 
 Limits come from the environment of the scheduler and workers (a DAG file is parsed before any run
-has params): ``SPARKTUNE_TASK_TIMEOUT_MINUTES`` (default 180) bounds each task, training excepted
-(its param ``train_timeout_minutes``); ``SPARKTUNE_RUN_DEADLINE_MINUTES`` (default 720) is how long
+has params): ``SPARKTUNE_TASK_RETRIES`` (default 2) is how many times a failed task is tried again,
+``SPARKTUNE_TASK_TIMEOUT_MINUTES`` (default 180) bounds each task, training excepted (its param
+``train_timeout_minutes``); ``SPARKTUNE_RUN_DEADLINE_MINUTES`` (default 720) is how long
 after it was queued a run may take before the team is told it is overdue (``off``: no deadline). The
 run is not stopped: a deadline tells, a timeout stops.
 """
@@ -14,17 +15,17 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from sparktune.core.config import RUN_DEADLINE_ENV, TASK_TIMEOUT_ENV
+from sparktune.core.config import RUN_DEADLINE_ENV, TASK_RETRIES_ENV, TASK_TIMEOUT_ENV
 from sparktune.core.notifications import RUN_OVERDUE, TASK_FAILED
 from sparktune_airflow.core.notify import PipelineNotifier
 
 DEFAULT_TASK_TIMEOUT_MINUTES = 180.0
 DEFAULT_RUN_DEADLINE_MINUTES = 720.0
+DEFAULT_TASK_RETRIES = 2
 
-# Transient faults (a lost executor, a busy MLflow server) get two more tries; deterministic
-# failures raise AirflowFailException and skip them.
+# Transient faults (a lost executor, a busy MLflow server) get more tries (SPARKTUNE_TASK_RETRIES);
+# deterministic failures raise AirflowFailException and skip them.
 RETRY_DEFAULTS = {
-    "retries": 2,
     "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
@@ -49,11 +50,27 @@ def task_timeout() -> timedelta:
     return _minutes(TASK_TIMEOUT_ENV, DEFAULT_TASK_TIMEOUT_MINUTES)
 
 
+def task_retries() -> int:
+    """How many times a failed task is tried again: ``SPARKTUNE_TASK_RETRIES`` (default 2)."""
+    raw = os.environ.get(TASK_RETRIES_ENV, "").strip()
+    try:
+        retries = int(raw) if raw else DEFAULT_TASK_RETRIES
+    except ValueError:
+        retries = -1
+    if retries < 0:
+        raise ValueError(
+            f"{TASK_RETRIES_ENV}={raw!r} is not a number of retries; set it to 0 or more, or unset it "
+            f"for {DEFAULT_TASK_RETRIES}"
+        )
+    return retries
+
+
 def task_defaults() -> dict[str, Any]:
     """``default_args`` of the sparktune DAGs: retries, the task time limit, and a notification when
     a task fails with no retry left (Airflow calls ``on_failure_callback`` then, not on retries)."""
     return {
         **RETRY_DEFAULTS,
+        "retries": task_retries(),
         "execution_timeout": task_timeout(),
         "on_failure_callback": PipelineNotifier(TASK_FAILED),
     }
