@@ -20,7 +20,7 @@ COPY --chown=airflow:root requirements.lock pyproject.toml /opt/sparktune/
 # only on the PyTorch CPU index, so it is an extra index; every other pin resolves from PyPI, and
 # pinning torch keeps pip from pulling the multi-GB CUDA build. apache-airflow is pinned in the lock
 # to the base image's version, so this never up- or downgrades Airflow itself. Packages the base
-# image has and the lock does not (psycopg2, redis, the celery provider) stay as the image ships them.
+# image has and the lock does not stay as the image ships them.
 RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
         -r /opt/sparktune/requirements.lock
 # The project itself, without dependencies: the lock above is the whole environment.

@@ -27,12 +27,6 @@ LOCK = ROOT / "requirements.lock"
 VENV_BIN = Path(sys.executable).parent
 DEPLOY = "org/apache/spark/deploy"
 
-# Provider CLI groups the official base image brings and the lock does not: the celery provider
-# runs only under the `celery` profile.
-BASE_IMAGE_ONLY_CLI = {"celery": "celery"}
-# Options of that provider's config section that core Airflow does not describe without it
-# (the names of the official Airflow docker-compose.yaml).
-BASE_IMAGE_ONLY_OPTIONS = {("celery", "result_backend")}
 # The project-read variables every Airflow service needs for the DAG files to parse alike.
 DAG_PARSE_ENV = ("SPARKTUNE_HOME", "SPARKTUNE_LAKE_URI", "SPARKTUNE_FEEDBACK_URI", "MLFLOW_TRACKING_URI")
 
@@ -77,8 +71,6 @@ def airflow_parser():
 
 def check_airflow_argv(parser, argv: list[str]) -> str | None:
     """None when ``airflow <argv>`` parses with the installed Airflow CLI, else the parser's error."""
-    if argv and argv[0] in BASE_IMAGE_ONLY_CLI:
-        return None
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -355,8 +347,6 @@ def test_airflow_settings_name_real_config_options(services):
                 problems.append(f"{name}: {key} is not AIRFLOW__SECTION__KEY")
                 continue
             section, option = parts
-            if (section, option) in BASE_IMAGE_ONLY_OPTIONS:
-                continue
             if option.endswith(("_cmd", "_secret")) and option.rsplit("_", 1)[0] in (
                 description.get(section, {}).get("options", {})
             ):
