@@ -1,8 +1,9 @@
 """A person signs off the champion (``approval=required``) on the native stack with Airflow's
 Human-in-the-loop: the request shows the evidence and waits in ``awaiting_input``; the team is told
-with a link to its page. Approve (clicked in a real browser, from that link) moves ``champion``;
-Reject (sent over the HITL REST API) leaves it; each answer is on the model version's tags and in
-the audit log.
+with a link to its page. Approve, clicked in a real browser from that link, moves ``champion``;
+Reject, clicked the same way, leaves it, and so does no answer before ``approval_timeout_minutes``.
+The request and the answer are read over the HITL REST API; each decision is on the model version's
+tags and in the audit log.
 
 The runs train a few steps with ``gate_mode=dry_run`` (the gate records its decision and lets the
 run through), so they reach the approval fast after the champion ``rest_run`` made.
@@ -31,12 +32,13 @@ def _ti_path(run_id: str, task_id: str) -> str:
     return f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances/{task_id}"
 
 
-def _start(stack, max_steps: int) -> str:
+def _start(stack, max_steps: int, **extra) -> str:
     conf = {
         "approval": "required",
         "approvers": stack.username,
         "gate_mode": "dry_run",
         "max_steps": max_steps,
+        **extra,
     }
     return stack.rest("POST", f"/dags/{DAG}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"]
 
@@ -77,31 +79,24 @@ def _approval_records(stack, version: str) -> list[dict]:
     return [r for r in records if r.get("kind") == "approval" and r["to_version"] == version]
 
 
-def _answer(stack, run_id: str, option: str, comment: str) -> dict:
-    return stack.rest(
-        "PATCH",
-        f"{_ti_path(run_id, TASK)}/-1/hitlDetails",
-        {"chosen_options": [option], "params_input": {"comment": comment}},
-    )
-
-
-def _approve_in_the_browser(page, url: str, version: str, comment: str) -> None:
+def _answer_in_the_browser(page, url: str, version: str, option: str, comment: str) -> None:
     """The notification's link opens the task's Required Actions tab (Airflow 3.3's UI): the
     request's subject and body, the comment field (a task param: ``element_comment``) and one
     button per option."""
     from playwright.sync_api import expect
 
+    name = option.lower()
     page.goto(url)
     expect(page.get_by_text(f"Make {MODEL} v{version} the champion?").first).to_be_visible()
     expect(page.get_by_text("Smoke test").first).to_be_visible()  # the body, rendered
-    shot(page, "approval-01-request")
+    shot(page, f"approval-{name}-01-request")
     comment_field = page.locator('[name="element_comment"]')
     comment_field.fill(comment)
     comment_field.press("Tab")
-    shot(page, "approval-02-comment")
-    page.get_by_role("button", name="Approve", exact=True).click()
+    shot(page, f"approval-{name}-02-comment")
+    page.get_by_role("button", name=option, exact=True).click()
     expect(page.get_by_text(f"{TASK} response successful").first).to_be_visible()
-    shot(page, "approval-03-approved")
+    shot(page, f"approval-{name}-03-answered")
 
 
 def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
@@ -137,7 +132,7 @@ def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
     assert _champion(stack) == before
 
     assert waiting["url"].startswith(f"{stack.airflow_url}/dags/{DAG}/runs/")
-    _approve_in_the_browser(signed_in_page, waiting["url"], version, "metrics hold up; ship it")
+    _answer_in_the_browser(signed_in_page, waiting["url"], version, "Approve", "metrics hold up; ship it")
     answer = stack.rest("GET", f"{_ti_path(run_id, TASK)}/-1/hitlDetails")
     assert answer["chosen_options"] == ["Approve"] and answer["responded_by_user"]["id"] == stack.username
     run = stack.wait_for_run(DAG, run_id, timeout=900)
@@ -152,21 +147,52 @@ def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
     assert webhook.wait_for(lambda p: p["event"] == "promoted" and p["run_id"] == run_id)
 
 
-def test_reject_over_rest_leaves_the_champion_and_records_the_rejection(stack, rest_run):
+def _waiting_url(webhook, run_id: str) -> str:
+    return webhook.wait_for(lambda p: p["event"] == "approval_waiting" and p["run_id"] == run_id)["url"]
+
+
+def _states(stack, run_id: str) -> dict[str, str]:
+    tasks = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
+    return {t["task_id"]: t["state"] for t in tasks["task_instances"]}
+
+
+def test_reject_in_the_browser_leaves_the_champion_and_records_the_rejection(
+    stack, rest_run, notification_receivers, signed_in_page
+):
+    _, webhook = notification_receivers
     before = _champion(stack)
     run_id = _start(stack, max_steps=6)  # another config than the run before: trains again
     _wait_for_the_request(stack, run_id)
     version = _version_of(stack, run_id)
 
-    _answer(stack, run_id, "Reject", "loss went up on billing tickets")
+    comment = "loss went up on billing tickets"
+    _answer_in_the_browser(signed_in_page, _waiting_url(webhook, run_id), version, "Reject", comment)
+    answer = stack.rest("GET", f"{_ti_path(run_id, TASK)}/-1/hitlDetails")
+    assert answer["chosen_options"] == ["Reject"] and answer["responded_by_user"]["id"] == stack.username
     run = stack.wait_for_run(DAG, run_id, timeout=600)
     assert run["state"] == "success"  # a rejection is an answer, not a failure
-    tasks = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances")
-    states = {t["task_id"]: t["state"] for t in tasks["task_instances"]}
+    states = _states(stack, run_id)
     assert states[TASK] == "success" and states["promote_champion"] == "skipped"
     assert _champion(stack) == before
     tags = _version_tags(stack, version)
     assert tags["approval_decision"] == "rejected" and tags["approval_by"] == stack.username
-    assert tags["approval_comment"] == "loss went up on billing tickets"
+    assert tags["approval_comment"] == comment
     (record,) = _approval_records(stack, version)
-    assert record["reason"] == f"rejected by {stack.username}: loss went up on billing tickets"
+    assert record["reason"] == f"rejected by {stack.username}: {comment}"
+
+
+def test_no_answer_in_time_leaves_the_champion_and_records_the_timeout(stack, rest_run):
+    """``approval_timeout_minutes`` passes with no answer: the scheduler answers with the request's
+    default, Reject, as no one; recorded as ``timed_out``, never as a person's rejection."""
+    before = _champion(stack)
+    run_id = _start(stack, max_steps=7, approval_timeout_minutes=1)  # the least it takes
+    run = stack.wait_for_run(DAG, run_id, timeout=1200)
+    assert run["state"] == "success", _states(stack, run_id)
+    states = _states(stack, run_id)
+    assert states[TASK] == "success" and states["promote_champion"] == "skipped"
+    assert _champion(stack) == before
+    version = _version_of(stack, run_id)
+    tags = _version_tags(stack, version)
+    assert tags["approval_decision"] == "timed_out" and not tags.get("approval_by")
+    (record,) = _approval_records(stack, version)
+    assert record["reason"] == "no answer within 1 minute: rejected, the champion stays", record

@@ -36,7 +36,8 @@ class ApprovalDecision:
 
     def reason(self, timeout_minutes: float | None = None) -> str:
         if self.decision == TIMED_OUT:
-            waited = f" within {timeout_minutes:g} minutes" if timeout_minutes else ""
+            unit = "minute" if timeout_minutes == 1 else "minutes"
+            waited = f" within {timeout_minutes:g} {unit}" if timeout_minutes else ""
             return f"no answer{waited}: rejected, the champion stays"
         text = f"{self.decision} by {self.by or 'an unnamed user'}"
         return f"{text}: {self.comment}" if self.comment else text
