@@ -244,7 +244,6 @@ def test_a_crashed_classification_run_resumes_from_its_checkpoint(root, lora_run
 
 
 def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
-    from sparktune.model.training import train
     from sparktune.release.evaluation import evaluate_model
 
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")  # labels as strings
@@ -252,7 +251,7 @@ def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
         _request(root, "cls-streaming", dataset_mode="streaming", max_steps=0, num_train_epochs=1),
         dataset_path=str(prepared),
     )
-    result = train(request)
+    result = tiny_model.train_in_a_fresh_process(request)
     assert result.global_steps == 16  # 256 rows / batch 16, from the footers
     assert result.train_loss < result.initial_loss
     model = _load(root, result.model_uri).unwrap_python_model().model

@@ -220,8 +220,6 @@ def test_cli_exits_non_zero_on_a_bad_request(tmp_path):
 
 
 def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
-    from sparktune.model.training import train
-
     prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared")
     request = tiny_model.train_request(
         root, "lora", dataset_mode="streaming", max_steps=0, num_train_epochs=1
@@ -233,7 +231,7 @@ def test_streaming_mode_trains_from_the_parquet_shards(root, tmp_path, client):
         output_dir=str(tmp_path / "out"),
         run_name="tiny-streaming",
     )
-    result = train(request)
+    result = tiny_model.train_in_a_fresh_process(request)
     # No length on a stream: the steps come from the footers' row count (256 rows / batch 16).
     assert result.global_steps == 16
     assert result.train_loss < result.initial_loss
