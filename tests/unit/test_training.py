@@ -257,16 +257,13 @@ def test_the_train_stream_opens_in_file_order_and_is_shuffled_by_seed(tmp_path, 
     assert [r["prompt"] for r in shuffle_stream(stream, 42)] == shuffled
 
 
-def test_a_stream_read_by_dataloader_workers_skips_the_pause_meant_for_interpreter_exit(
-    tmp_path, monkeypatch
-):
+def _read_the_stream_in_dataloader_workers(prepared: str) -> None:
     import datasets
     import torch
     from sparktune.data.streaming import open_streaming_splits, shuffle_stream
 
-    monkeypatch.setattr(datasets.config, "SLEEP_TIME_ON_THREADS_SHUTDOWN", 5)  # datasets' own; restored after
-    prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared", n_train=64, n_eval=8)
-    stream, _, _ = open_streaming_splits(str(prepared), ["prompt", "completion"])
+    datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN = 5  # datasets' own (a process of its own here)
+    stream, _, _ = open_streaming_splits(prepared, ["prompt", "completion"])
     shuffle_stream(stream, 42)
     assert datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN == 5  # read in this process: the guard stays
     # Training reads it in forked DataLoader workers: no 5-s pause at the end of every epoch.
@@ -274,6 +271,11 @@ def test_a_stream_read_by_dataloader_workers_skips_the_pause_meant_for_interpret
     assert datasets.config.SLEEP_TIME_ON_THREADS_SHUTDOWN == 0
     loader = torch.utils.data.DataLoader(shuffled, batch_size=8, num_workers=2, collate_fn=list)
     assert sorted(r["prompt"] for batch in loader for r in batch) == sorted(r["prompt"] for r in stream)
+
+
+def test_a_stream_read_by_dataloader_workers_skips_the_pause_meant_for_interpreter_exit(tmp_path):
+    prepared = tiny_model.build_prepared_parquet(tmp_path / "prepared", n_train=64, n_eval=8)
+    tiny_model.in_a_fresh_process(_read_the_stream_in_dataloader_workers, str(prepared))
 
 
 def test_the_adapter_is_a_pyfunc_model_that_serves_over_its_base(root, lora_run, full_run, client):

@@ -224,24 +224,29 @@ def trained(root: Path, name: str):
     return _RUNS[key]
 
 
-def _train_as_the_entry_point_does(request):
+def _call_with_fork_as_the_start_method(fn, args):
     import multiprocessing
-
-    from sparktune.model.training import train
 
     # A spawned child inherits the parent's start method; python -m sparktune.jobs.train has
     # Linux's default, fork, which the DataLoader's stream readers need (the stream is not picklable).
     multiprocessing.set_start_method("fork", force=True)
-    return train(request)
+    return fn(*args)
 
 
-def train_in_a_fresh_process(request):
-    """``sparktune.model.training.train(request)`` in a spawned process, as the training entry point
-    always runs. A streaming run's DataLoader forks its stream readers: a fork of a pytest worker
-    copies the Py4J sockets of the SparkSession an earlier test left there, and a finalizer in the
-    fork waits on them forever (a test hung 30 min that way)."""
+def in_a_fresh_process(fn, *args):
+    """``fn(*args)`` in a spawned process, as the training entry point always runs: for code that
+    forks DataLoader workers. A fork of a pytest worker copies the Py4J sockets of the SparkSession
+    an earlier test left there, and a finalizer in the fork waits on them forever (make test hung
+    30 min that way). ``fn`` must be importable (a module-level function)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_train_as_the_entry_point_does, request).result(timeout=900)
+        return pool.submit(_call_with_fork_as_the_start_method, fn, args).result(timeout=900)
+
+
+def train_in_a_fresh_process(request):
+    """``sparktune.model.training.train(request)`` in a fresh process (see :func:`in_a_fresh_process`)."""
+    from sparktune.model.training import train
+
+    return in_a_fresh_process(train, request)
