@@ -114,6 +114,7 @@ def test_preparation_params_are_only_those_that_shape_the_data(params):
         "quality_column",
         "id_column",
         "timestamp_column",
+        "label_conflicts",
         "min_quality_score",
         "min_chars",
         "max_chars",

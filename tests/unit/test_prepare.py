@@ -82,6 +82,7 @@ def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
         ("null_label", 9, 7, False),
         ("length", 7, 5, False),
         ("dedupe", 5, 4, False),
+        ("label_conflict", 4, 4, False),
         ("format", 4, 4, False),
         ("max_length", 4, 3, False),
         ("split", 3, 3, False),
@@ -606,6 +607,77 @@ def test_timestamp_column_keeps_the_most_recent_duplicate(spark, tokenizer_path,
             "A different text that the same ticket got later"
         ]
         prepared.unpersist()
+
+
+CONFLICT_SCHEMA = "message string, intent_label string, ticket_id string, created string"
+CHARGED = "My card was charged twice for the same order"
+
+
+def conflict_rows() -> list[tuple]:
+    return [
+        (CHARGED, "billing", "T-1", "2024-01-01"),
+        ("my card was CHARGED twice for the same order ", "refund", "T-2", "2024-03-01"),  # the newest
+        ("my card was charged  twice for the same order", "billing", "T-3", "2024-02-01"),
+        ("How do I reset my password please help", "password", "T-4", "2024-01-05"),
+        ("How do I reset my password please help", "password", "T-5", "2024-01-06"),  # a plain duplicate
+        # One ticket relabelled later: an update of the same id, not a conflict.
+        ("The parcel for my order has not arrived yet", "shipping", "T-6", "2024-01-01"),
+        ("The parcel for my order has not arrived yet", "delivery", "T-6", "2024-04-01"),
+    ]
+
+
+@pytest.mark.parametrize("id_column", ["", "ticket_id"])
+def test_label_conflicts_are_counted_quarantined_and_decided_by_the_policy(spark, tokenizer_path, id_column):
+    from sparktune.data.prepare import prepare
+
+    df = spark.createDataFrame(conflict_rows(), CONFLICT_SCHEMA).repartition(2)
+    base = {"quality_column": "", "timestamp_column": "created", "id_column": id_column}
+    parcel = "The parcel for my order has not arrived yet"
+    password = "How do I reset my password please help"
+    # Without ids the relabelled ticket is two copies of one text that disagree: a conflict too.
+    # With ids its older version is a duplicate of its id, and the password rows are two tickets.
+    conflicts, duplicates = (2, 1) if id_column else (3, 1)
+
+    newest = prepare(df, parse_params({**base, "label_conflicts": "keep_newest"}), tokenizer_path)
+    kept = {r["text"]: r["label"] for r in newest.rows.collect()}
+    steps = {s.step: s.dropped for s in newest.steps}
+    assert kept == {
+        "my card was CHARGED twice for the same order": "refund",
+        parcel: "delivery",
+        password: "password",
+    }
+    assert (steps["label_conflict"], steps["dedupe"]) == (conflicts, duplicates)
+    conflicting = sorted(
+        r["text"] for r in newest.quarantine.where("reject_reason = 'label_conflict'").collect()
+    )
+    assert conflicting == sorted(
+        [CHARGED, "my card was charged  twice for the same order"] + ([] if id_column else [parcel])
+    )
+    report = newest.label_conflicts
+    assert (report["policy"], report["texts"], report["rows"]) == ("keep_newest", conflicts - 1, conflicts)
+    assert {"text": CHARGED, "labels": ["billing", "refund"]} in report["examples"]
+    detail = newest.quarantine.where(f"text = '{CHARGED}'").first()["reject_detail"]
+    assert detail == (
+        "label conflict: the copy of this text kept (the copy with created 2024-03-01) is labelled refund "
+        "(label_conflicts=keep_newest)"
+    )
+    newest.unpersist()
+
+    quarantined = prepare(df, parse_params({**base, "label_conflicts": "quarantine"}), tokenizer_path)
+    kept = {r["text"]: r["label"] for r in quarantined.rows.collect()}
+    assert kept == ({password: "password", parcel: "delivery"} if id_column else {password: "password"})
+    assert quarantined.label_conflicts["rows"] == (3 if id_column else 5)
+    assert {"text": CHARGED, "labels": ["billing", "refund"]} in quarantined.label_conflicts["examples"]
+    assert {s.step: s.dropped for s in quarantined.steps}["label_conflict"] == (3 if id_column else 5)
+    quarantined.unpersist()
+
+
+def test_no_label_conflict_no_report(spark, tokenizer_path):
+    from sparktune.data.prepare import prepare
+
+    prepared = prepare(defect_df(spark), defect_params(tokenizer_path), tokenizer_path)
+    assert prepared.label_conflicts == {"policy": "keep_newest", "texts": 0, "rows": 0, "examples": []}
+    prepared.unpersist()
 
 
 def _datetime(value: str):

@@ -133,6 +133,17 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         section="Preparation",
     ),
     ParamSpec(
+        "label_conflicts",
+        "string",
+        "keep_newest",
+        "The same normalized text with different labels in the source. keep_newest: train on the "
+        "newest copy (by timestamp_column, else a fixed one) and set the others aside; quarantine: "
+        "set every copy aside. Either way they are counted and quarantined with reason "
+        "label_conflict; a correction in the feedback table settles the text's label.",
+        enum=("keep_newest", "quarantine"),
+        section="Preparation",
+    ),
+    ParamSpec(
         "prompt_template",
         "string",
         MISTRAL_INSTRUCT_TEMPLATE,
@@ -626,6 +637,7 @@ class PipelineParams:
     approval: str = "none"
     approvers: str = ""
     approval_timeout_minutes: float = 1440.0
+    label_conflicts: str = "keep_newest"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,6 +28,8 @@ PREPARATION_PARAMS = (
     # The dedupe key and which duplicate is kept: both change the rows and their example_ids.
     "id_column",
     "timestamp_column",
+    # Which copies of a text labelled differently are kept.
+    "label_conflicts",
     "min_quality_score",
     "min_chars",
     "max_chars",

@@ -1,8 +1,9 @@
 """The data preparation recipe: labelled text rows -> prompt/completion rows split 80/10/10.
 
 Every step is a named filter with row counts (``read``, ``min_quality_score``, ``null_label``,
-``length``, ``dedupe``, ``format``, ``max_length``, ``split``). Rejected rows are not lost: they go
-to a quarantine DataFrame with their original values and the step that rejected them.
+``length``, ``dedupe``, ``label_conflict``, ``format``, ``max_length``, ``split``). Rejected rows
+are not lost: they go to a quarantine DataFrame with their original values and the step that
+rejected them.
 
 The recipe runs as ONE pass over the source: each row is annotated with the first step that
 rejects it, the annotated DataFrame is persisted, and one aggregation yields every step's counts.
@@ -11,6 +12,12 @@ That is what keeps a multi-million-row run from re-reading the source once per s
 ``example_id`` and the dedupe key are the ``id_column`` value when one is mapped and set, else a
 sha256 of the normalized text. Among copies of one key the kept one is the most recent by
 ``timestamp_column`` (when mapped), then the one with the smallest hash of its values.
+
+Copies of one normalized text that disagree on the label are a label conflict, not duplicates
+(with an id column: rows of different ids, among those dedupe kept). ``label_conflicts``
+decides: ``keep_newest`` keeps the copy dedupe would keep and sets the copies labelled otherwise
+aside; ``quarantine`` sets every copy aside. Both count them and quarantine them with reason
+``label_conflict``; :func:`label_conflicts_report` names a few.
 
 Reading the source is :mod:`sparktune.data.prepare_source`, counting tokens
 :mod:`sparktune.data.prepare_tokens`, the stable split :mod:`sparktune.data.prepare_split`, the
@@ -61,6 +68,8 @@ class PreparedData:
     quality_used: bool = True
     # What some steps saw in the rows they rejected, for messages (e.g. "length": "2 to 6 chars").
     findings: dict[str, str] = field(default_factory=dict)
+    # label_conflicts_report(): the texts labelled differently in the source, and what was done.
+    label_conflicts: dict[str, Any] = field(default_factory=dict)
     _persisted: list[DataFrame] = field(default_factory=list, repr=False)
 
     def unpersist(self) -> None:
@@ -112,6 +121,69 @@ def _timestamp_key(df: DataFrame, column: str) -> Column:
     if isinstance(df.schema[column].dataType, T.StringType):
         return quoted_column(column).try_cast("timestamp")
     return quoted_column(column)
+
+
+def _labels_differ(window: Any) -> Column:
+    """Whether the rows of ``window``'s partition carry more than one label."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    whole = window.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    return F.min("label").over(whole) != F.max("label").over(whole)
+
+
+def _conflict_detail(keep_newest: bool, ts_col: str | None, kept_ts: str) -> Column:
+    from pyspark.sql import functions as F
+
+    if not keep_newest:
+        return F.lit(
+            "label conflict: copies of this text carry different labels; label_conflicts=quarantine "
+            "sets every copy aside"
+        )
+    kept_copy = (
+        [F.concat(F.lit(f" (the copy with {ts_col} "), F.coalesce(kept_ts, F.lit("null")), F.lit(")"))]
+        if ts_col
+        else []
+    )
+    return F.concat(
+        F.lit("label conflict: the copy of this text kept"),
+        *kept_copy,
+        F.lit(" is labelled "),
+        F.col("_conflict_kept"),
+        F.lit(" (label_conflicts=keep_newest)"),
+    )
+
+
+def label_conflicts_report(annotated: DataFrame, rows: int, policy: str, examples: int = 5) -> dict[str, Any]:
+    """How many texts carried different labels, and a few of them with their labels, from the
+    rows ``prepare`` set aside for it (``rows`` of them)."""
+    from pyspark.sql import functions as F
+
+    report: dict[str, Any] = {"policy": policy, "texts": 0, "rows": rows, "examples": []}
+    if not rows:
+        return report
+    per_text = (
+        annotated.where(F.col("reject_reason") == "label_conflict")
+        .groupBy("_conflict_key")
+        .agg(
+            F.min("_src_text").alias("text"),
+            F.array_sort(
+                F.array_distinct(
+                    F.concat(F.collect_set("label"), F.array(F.first("_conflict_kept", ignorenulls=True)))
+                )
+            ).alias("labels"),
+        )
+        .persist()
+    )
+    try:
+        report["texts"] = per_text.count()
+        report["examples"] = [
+            {"text": r["text"][:200], "labels": [label for label in r["labels"] if label is not None]}
+            for r in per_text.orderBy("_conflict_key").limit(examples).collect()
+        ]
+    finally:
+        per_text.unpersist()
+    return report
 
 
 def _dedupe_partitions(df: DataFrame) -> int:
@@ -214,6 +286,8 @@ def prepare(
         "*",
         label.alias("label"),
         example_id.alias("example_id"),
+        # With an id column the dedupe key is the id: label conflicts are still found by the text.
+        *([content_key(F.col("_src_text")).alias("_text_key")] if id_col else []),
         F.coalesce(F.length(text), F.lit(0)).alias("_chars"),
         # Orders duplicates: the kept copy is the one with the smallest hash of its source values,
         # whatever order or partitioning Spark reads them in (equal hashes: identical copies).
@@ -259,15 +333,32 @@ def prepare(
     if ts_col:
         # The most recent copy wins; copies without a usable timestamp count as the oldest.
         order = [F.col("_ts").desc_nulls_last(), *order]
+    keep_newest = params.label_conflicts == "keep_newest"
     by_content = Window.partitionBy("example_id", F.col("_reason").isNull()).orderBy(*order)
     kept_extra = [F.first("_src_ts").over(by_content).alias("_kept_ts")] if ts_col else []
+    if id_col is None:
+        # The dedupe key is the text: copies of it that disagree on the label are a conflict.
+        kept_extra.append(_labels_differ(by_content).alias("_conflict"))
     staged = staged.select(
         "*",
         F.row_number().over(by_content).alias("_copy"),
         F.first("label").over(by_content).alias("_kept_label"),
         *kept_extra,
     )
-    duplicate = F.col("_reason").isNull() & (F.col("_copy") > 1)
+    early_survivor = F.col("_reason").isNull()
+    if id_col is None:
+        conflicted = early_survivor & F.col("_conflict")
+        if keep_newest:
+            conflicted &= F.col("label") != F.col("_kept_label")
+        staged = staged.withColumn("_conflict_kept", F.col("_kept_label"))
+    else:
+        conflicted = F.lit(False)
+    duplicate = early_survivor & (F.col("_copy") > 1) & ~conflicted
+    kept_ts_detail = (
+        [F.concat(F.lit(f"; kept the copy with {ts_col} "), F.coalesce("_kept_ts", F.lit("null")))]
+        if ts_col
+        else []
+    )
     dup_detail = F.concat(
         F.lit("duplicate of example_id "),
         F.substring("example_id", 1, 16),
@@ -275,17 +366,43 @@ def prepare(
             F.col("_kept_label") != F.col("label"),
             F.concat(F.lit(" with a different label (kept "), "_kept_label", F.lit(")")),
         ).otherwise(F.lit("")),
-        *(
-            [F.concat(F.lit(f"; kept the copy with {ts_col} "), F.coalesce("_kept_ts", F.lit("null")))]
-            if ts_col
-            else []
-        ),
+        *kept_ts_detail,
     )
     staged = staged.select(
         "*",
-        F.coalesce("_reason", F.when(duplicate, "dedupe")).alias("_reason2"),
-        F.coalesce("_detail", F.when(duplicate, dup_detail)).alias("_detail2"),
+        F.coalesce("_reason", F.when(conflicted, "label_conflict"), F.when(duplicate, "dedupe")).alias(
+            "_reason2"
+        ),
+        F.coalesce(
+            "_detail",
+            *(
+                [F.when(conflicted, _conflict_detail(keep_newest, ts_col, "_kept_ts"))]
+                if id_col is None
+                else []
+            ),
+            F.when(duplicate, dup_detail),
+        ).alias("_detail2"),
     )
+    if id_col is not None:
+        # Rows with different ids but the same text: a second window, by the text, over the rows
+        # dedupe kept (a newer version of an id relabelling its row is an update, not a conflict).
+        dedupe_survivor = F.col("_reason2").isNull()
+        by_text = Window.partitionBy("_text_key", dedupe_survivor).orderBy(*order)
+        staged = staged.select(
+            "*",
+            _labels_differ(by_text).alias("_conflict"),
+            F.first("label").over(by_text).alias("_conflict_kept"),
+            *([F.first("_src_ts").over(by_text).alias("_conflict_kept_ts")] if ts_col else []),
+        )
+        conflicted = dedupe_survivor & F.col("_conflict")
+        if keep_newest:
+            conflicted &= F.col("label") != F.col("_conflict_kept")
+        staged = staged.withColumn(
+            "_detail2",
+            F.coalesce(
+                "_detail2", F.when(conflicted, _conflict_detail(keep_newest, ts_col, "_conflict_kept_ts"))
+            ),
+        ).withColumn("_reason2", F.coalesce("_reason2", F.when(conflicted, "label_conflict")))
 
     # Tokens are counted after the dedupe, on its evenly sized partitions, for the surviving rows
     # only: rejected rows and duplicates get null and cost the tokenizer nothing.
@@ -315,6 +432,7 @@ def prepare(
     if ts_col:
         extra.append("_ts_unparsed")
     rejected_row = F.col("reject_reason").isNotNull()
+    in_conflict = F.col("reject_reason") == "label_conflict"
     annotated = staged.select(
         "example_id",
         "text",
@@ -327,6 +445,9 @@ def prepare(
         "_chars",
         "reject_reason",
         "reject_detail",
+        # What the label conflicts report needs: the text's key and the label of the copy kept.
+        F.when(in_conflict, F.col("_text_key" if id_col else "example_id")).alias("_conflict_key"),
+        F.when(in_conflict, F.col("_conflict_kept")).alias("_conflict_kept"),
         base_split(split_bucket(params.split_seed, F.col("example_id"))).alias("_base_split"),
         split_bucket(params.split_seed, F.col("example_id")).alias("_bucket"),
         *extra,
@@ -387,6 +508,20 @@ def prepare(
         span = f"{shortest:,}" if shortest == longest else f"{shortest:,} to {longest:,}"
         findings["length"] = f"the rejected texts have {span} chars"
 
+    conflicts = label_conflicts_report(annotated, rejected["label_conflict"], params.label_conflicts)
+    if conflicts["texts"]:
+        example = conflicts["examples"][0]
+        log.warning(
+            "%d text(s) carry different labels in the source (%d rows set aside, label_conflicts=%s), "
+            "e.g. %r labelled %s; they are in the quarantine with reason label_conflict. Fix: correct "
+            "them through record_corrections (a correction settles a text's label) or fix the source.",
+            conflicts["texts"],
+            conflicts["rows"],
+            conflicts["policy"],
+            example["text"][:80],
+            " and ".join(example["labels"]),
+        )
+
     to_test, to_validation = split_fixups(kept, per_label)
     split = F.col("_base_split")
     if to_test or to_validation:
@@ -419,5 +554,6 @@ def prepare(
         steps=steps,
         quality_used=quality_col is not None,
         findings=findings,
+        label_conflicts=conflicts,
         _persisted=[annotated],
     )

@@ -13,9 +13,19 @@ from sparktune.data.prepare_split import SPLITS
 if TYPE_CHECKING:
     from sparktune.core.params import PipelineParams
 
-STEPS = ("read", "min_quality_score", "null_label", "length", "dedupe", "format", "max_length", "split")
+STEPS = (
+    "read",
+    "min_quality_score",
+    "null_label",
+    "length",
+    "dedupe",
+    "label_conflict",
+    "format",
+    "max_length",
+    "split",
+)
 # Steps that can reject rows, in the order they are applied (a row is charged to the first one).
-REJECTING_STEPS = ("min_quality_score", "null_label", "length", "dedupe", "max_length")
+REJECTING_STEPS = ("min_quality_score", "null_label", "length", "dedupe", "label_conflict", "max_length")
 # A step that drops at least this share of the rows reaching it is called out in the summary.
 WARN_DROP_SHARE = 0.5
 
@@ -67,6 +77,10 @@ def _step_hint(step: str, params: PipelineParams, finding: str | None = None) ->
         "dedupe": (
             f"rows repeat another row's {key}: check that the source was not appended to itself"
             + (f" and that {id_column!r} is unique per example" if id_column else "")
+        ),
+        "label_conflict": (
+            "the same normalized text carries different labels in the source (label_conflicts="
+            f"{params.label_conflicts}): correct those texts (record_corrections) or fix the source"
         ),
         "max_length": (
             f"prompt + label exceed max_length ({params.max_length}) tokens: raise max_length or shorten "
