@@ -14,12 +14,13 @@ PYTEST_ARGS ?=
 # longest groups first. PYTEST_PARALLEL= runs everything in one process.
 PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
 
-.PHONY: help venv browser demo run score serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench bench-dag-parse
+.PHONY: help venv browser demo run score review serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench bench-dag-parse
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
 	@echo "make score           score new texts with the champion (batch_inference DAG), Parquet by date"
+	@echo "make review          the scored rows the champion is least sure of, as a CSV to label (review_queue DAG)"
 	@echo "make serve           the champion over HTTP (MLflow scoring protocol) on 127.0.0.1:5001, requests captured"
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
@@ -91,6 +92,20 @@ score: venv
 	test -f $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl || $(PY) -m sparktune_dev.demo_data --rows $(INCOMING_ROWS) --seed 11 --out $(SPARKTUNE_HOME)/data/incoming_tickets.jsonl
 	$(PY) -m sparktune_dev.embedded run --dag batch_inference --conf '$(CONF)'
 	@echo "predictions: $(SPARKTUNE_HOME)/lake/predictions (Parquet by date); review rows: $(SPARKTUNE_HOME)/lake/feedback/predictions"
+
+# The review queue (review_queue DAG): the scored rows (make score, make serve) the champion is least
+# sure of as one CSV and one Parquet file under <feedback>/review_queue/<run id>/; CONF sets its params,
+# e.g. make review CONF='{"queue_size": 50}'. Label rows in the CSV, then record it:
+# make run DAG=record_corrections CONF='{"corrections_uri": "<the csv>"}'.
+review: venv
+	$(PY) -m sparktune_dev.embedded run --dag review_queue --conf '$(CONF)'
+	@root=$$($(PY) -c 'from sparktune.core.config import settings; print(settings().feedback_uri)'); \
+	queue=$$(ls -t "$${root#file://}"/review_queue/*/review_queue.csv 2>/dev/null | head -1); \
+	case '$(CONF)' in *output_uri*) queue="";; esac; \
+	if [ -n "$$queue" ]; then \
+		echo "review queue: $$queue (review_queue.parquet beside it); fill in the label column, then:"; \
+		echo "  make run DAG=record_corrections CONF='{\"corrections_uri\": \"$$queue\"}'"; \
+	else echo "review queue: the task log above names the CSV and Parquet files"; fi
 
 # The champion (models:/support-intent@champion; SPARKTUNE_SERVING_MODEL_NAME or --model-name) over HTTP on
 # 127.0.0.1:5001 in MLflow's scoring protocol; every answer is appended to $(SPARKTUNE_HOME)/lake/serving_captures.

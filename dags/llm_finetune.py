@@ -158,8 +158,13 @@ with DAG(
             "prepare_summary": _xcom("prepare_data"),
             "quality_summary": _xcom("validate_data"),
             "dataset_summary": _xcom("materialize_dataset"),
+            "feedback_summary": _xcom("merge_feedback"),
         },
-        run_files={"data_docs": _xcom("validate_data", "validation_pages")},
+        run_files={
+            "data_docs": _xcom("validate_data", "validation_pages"),
+            # The rows whose label a correction replaced in the data version trained on.
+            "feedback": [_xcom("merge_feedback", "overrides_uri")],
+        },
     )
 
     evaluate = EvaluateModelOperator(

@@ -10,6 +10,10 @@ on as a new data version.
 
 Trigger it from the form, or from a labelling tool through the REST API
 (`POST /api/v2/dags/record_corrections/dagRuns` with `{"conf": {"corrections_uri": ...}}`).
+
+A filled review queue (the `review_queue` DAG, `make review`) is such a file as it is: its rows
+left with a blank `label` are skipped as not reviewed, its other columns are ignored, and a label
+outside the label set refuses the file with the rows to fix.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ chain, in a home of their own: tests/e2e/test_llm_finetune_failures.py.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 try:
@@ -55,7 +57,38 @@ def home(tmp_path_factory, install_base_model) -> Path:
         ],
         check=True,
     )
+    _mislabel(home / "data" / "support_tickets.jsonl", home / "mislabelled.json")
     return home
+
+
+# Texts of the source whose label the home fixture makes wrong: the feedback loop has to fix them.
+MISLABELLED = 12
+
+
+def _mislabel(source: Path, record: Path) -> None:
+    """Give MISLABELLED good, unique texts of ``source`` a wrong label; record text -> true label."""
+    from sparktune.model.builtin_corpus import INTENTS
+
+    rows = [json.loads(line) for line in source.read_text().splitlines()]
+    copies: dict[str, int] = {}
+    for row in rows:
+        key = " ".join(str(row["message"]).lower().split())
+        copies[key] = copies.get(key, 0) + 1
+    candidates = [
+        row
+        for row in rows
+        if row["intent_label"]
+        and row["quality_score"] >= 0.9
+        and 40 <= len(row["message"].strip()) <= 300
+        and copies[" ".join(row["message"].lower().split())] == 1
+    ]
+    truth = {}
+    for n, row in enumerate(candidates[:: len(candidates) // MISLABELLED][:MISLABELLED]):
+        truth[row["message"]] = row["intent_label"]
+        right = INTENTS.index(row["intent_label"])
+        row["intent_label"] = INTENTS[(right + 1 + n % (len(INTENTS) - 1)) % len(INTENTS)]
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    record.write_text(json.dumps(truth))
 
 
 def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.CompletedProcess:
@@ -326,6 +359,8 @@ def _predictions(home: Path):
 
 # Test-split rows among the new tickets carry this id prefix: their ids cannot meet the tickets'.
 TEST_SPLIT_ID = "test-split:"
+# The mislabelled training texts come back among the new tickets (a customer writing again).
+MISLABELLED_ID = "mislabelled:"
 
 
 @pytest.fixture(scope="module")
@@ -344,6 +379,8 @@ def first_scoring(home, evaluated_test_split) -> Path:
     with incoming.open("a") as source:
         for example_id, text in evaluated_test_split["texts"].items():
             source.write(json.dumps({"message_hash": TEST_SPLIT_ID + example_id, "message": text}) + "\n")
+        for n, text in enumerate(json.loads((home / "mislabelled.json").read_text())):
+            source.write(json.dumps({"message_hash": f"{MISLABELLED_ID}{n}", "message": text}) + "\n")
     result = run_dag(home, {}, dag="batch_inference")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
     return incoming
@@ -368,7 +405,7 @@ def test_batch_inference_scores_new_data_with_the_champion(home, first_scoring):
     incoming = first_scoring
     champion = _client(home).get_model_version_by_alias("support-intent", "champion")
     table = _predictions(home).to_pandas()
-    table = table[~table["id"].str.startswith(TEST_SPLIT_ID)]
+    table = table[~table["id"].str.startswith((TEST_SPLIT_ID, MISLABELLED_ID))]
     assert len(table) == INCOMING_ROWS  # one prediction per input row
     assert set(table.columns) >= {
         "id", "prediction", "score", "model_name", "model_version", "model_alias", "data_fingerprint",
@@ -404,16 +441,31 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     marker = home / "lake" / "datasets" / first.tags["data_fingerprint"] / "_SPARKTUNE_COMPLETE.json"
     built_at = marker.stat().st_mtime_ns
 
-    # A reviewer corrects 40 scored rows (here: with their true labels); some of those texts are
-    # already in the training source and must not be added again.
+    # The reviewer works from the review queue: every scored text, least sure first.
+    queued = run_dag(home, {"queue_size": 1000}, dag="review_queue")
+    assert queued.returncode == 0, queued.stdout[-4000:] + queued.stderr[-4000:]
+    [queue_file] = (home / "lake" / "feedback" / "review_queue").rglob("review_queue.csv")
+    with queue_file.open(newline="", encoding="utf-8-sig") as handle:
+        queue = list(csv.DictReader(handle))
+    scores = [float(row["score"]) for row in queue]
+    assert scores == sorted(scores) and len(queue) > INCOMING_ROWS
+    assert len({" ".join(row["text"].lower().split()) for row in queue}) == len(queue)  # one row per text
+
+    # They label the mislabelled training texts and 40 new tickets (here: with their true labels;
+    # some of those texts are in the training source already) and leave every other row blank.
+    truth = json.loads((home / "mislabelled.json").read_text())
+    assert set(truth) <= {row["text"] for row in queue}
     incoming = [json.loads(line) for line in first_scoring.read_text().splitlines()]  # test split: no labels
     picked = {r["message_hash"]: r for r in incoming if r.get("intent_label") and r.get("message")}
     picked = dict(list(picked.items())[:40])
-    corrections = home / "data" / "corrections.jsonl"
-    corrections.write_text(
-        "".join(json.dumps({"id": i, "label": r["intent_label"]}) + "\n" for i, r in picked.items())
-    )
-    recorded = run_dag(home, {"corrections_uri": str(corrections)}, dag="record_corrections")
+    for row in queue:
+        row["label"] = truth.get(row["text"]) or picked.get(row["id"], {}).get("intent_label") or ""
+    filled = home / "data" / "review_filled.csv"
+    with filled.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(queue[0]))
+        writer.writeheader()
+        writer.writerows(queue)
+    recorded = run_dag(home, {"corrections_uri": str(filled)}, dag="record_corrections")
     assert recorded.returncode == 0, recorded.stdout[-4000:] + recorded.stderr[-4000:]
 
     # The streaming model trains to the recipe (2 epochs) like the first one. With 70 steps it
@@ -432,8 +484,38 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     assert run.data.params["dataset_path"] == champion.tags["fine_tuned_on"]
     summary = Path(client.download_artifacts(champion.run_id, "pipeline/prepare_summary.json"))
     assert "/lake/sources/" in json.loads(summary.read_text())["source_uri"]
-    assert re.search(r"feedback: \d+ corrected texts, \d+ already in the source, [1-9]\d* added", output)
+    relabelled = re.search(
+        r"feedback: \d+ corrected texts, \d+ already in the source, (\d+) source rows relabelled, "
+        r"[1-9]\d* added",
+        output,
+    )
+    assert relabelled and int(relabelled.group(1)) >= MISLABELLED, output[-3000:]
     assert "eval_accuracy" in run.data.metrics
+
+    # The corrections won over the source: the run lists every relabelled row, says how many there
+    # were, and trained on the fixed labels.
+    assert run.data.metrics["feedback.labels_changed"] == int(relabelled.group(1))
+    with open(client.download_artifacts(champion.run_id, "feedback/_label_overrides.csv"), newline="") as f:
+        overrides = {row["text"]: row for row in csv.DictReader(f)}
+    for text, right in truth.items():
+        assert overrides[text]["new_label"] == right and overrides[text]["old_label"] != right
+    quality = json.loads(
+        Path(client.download_artifacts(champion.run_id, "pipeline/quality_summary.json")).read_text()
+    )
+    assert quality["statistics"]["feedback"]["labels_changed"] == int(relabelled.group(1))
+    prepared = pq.read_table(json.loads(summary.read_text())["prepared_uri"], columns=["text", "label"])
+    trained_on = dict(zip(prepared["text"].to_pylist(), prepared["label"].to_pylist(), strict=True))
+    assert {text: trained_on.get(text.strip()) for text in truth} == truth
+    # ... and the new champion predicts the fixed texts with their new labels.
+    import mlflow
+
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+        model = mlflow.pyfunc.load_model("models:/support-intent-stream@champion")
+        answers = model.predict(list(truth))
+    predicted = dict(zip(truth, answers["prediction"], strict=True))
+    print("fixed texts predicted right:", sum(predicted[t] == truth[t] for t in truth), "of", len(truth))
+    assert predicted == truth
 
     # The promotion emitted the champion asset event, naming the model and version...
     [(extra, source_dag)] = _airflow_db(

@@ -39,6 +39,7 @@ def dags():
             "llm_finetune.py",
             "batch_inference.py",
             "record_corrections.py",
+            "review_queue.py",
             "data_quality_report.py",
             "example_spark_to_dataset.py",
         ):
@@ -128,6 +129,11 @@ def test_batch_inference_inside_the_roots_gets_to_spark(dags, roots):
 def test_record_corrections_refuses_a_corrections_file_outside_the_roots(dags, roots):
     message = _run(dags["record_corrections"], "record", {"corrections_uri": roots.escape})
     _assert_names(message, "corrections_uri", roots)
+
+
+def test_review_queue_refuses_an_output_folder_outside_the_roots(dags, roots):
+    message = _run(dags["review_queue"], "build_queue", {"output_uri": roots.escape})
+    _assert_names(message, "output_uri", roots)
 
 
 def test_data_quality_report_refuses_a_source_outside_the_roots(dags, roots):

@@ -3,11 +3,14 @@ new training data version (deduplicated against every split of the source)."""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import json
 from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
+from sparktune.data.data_version import read_version
 from sparktune.serve.feedback import (
     CORRECTIONS_DIR,
     FeedbackError,
@@ -116,15 +119,18 @@ def test_bad_corrections_are_refused_with_every_problem(spark, tmp_path):
         [
             {"id": "a", "label": "teleportation"},
             {"id": "never-scored", "label": "refund"},
-            {"id": "a", "label": " "},
+            {"id": " ", "label": "refund"},
+            {"id": "b", "label": " "},  # not reviewed: skipped, never an error
         ],
     )
     with pytest.raises(FeedbackError) as caught:
         record_corrections(spark, bad, feedback, "b1", known_labels=["shipping", "refund"], corrected_at=WHEN)
     message = str(caught.value)
-    assert "teleportation" in message and "known: ['refund', 'shipping']" in message
+    assert "1 rows have a label the model does not know (known: ['refund', 'shipping'])" in message
+    assert "'a': 'teleportation'" in message
     assert "never-scored" in message and "add a 'text' column" in message
-    assert "1 rows have a blank id or label" in message
+    assert "1 rows have a label but a blank id" in message
+    assert "'b'" not in message
     assert not (Path(feedback) / CORRECTIONS_DIR).exists()
 
     no_label = _jsonl(tmp_path / "nolabel.jsonl", [{"id": "a", "intent": "refund"}])
@@ -153,14 +159,14 @@ def _merge(spark, tmp_path, source_path: str):
     )
 
 
-def test_merge_adds_only_texts_the_source_does_not_hold_as_a_new_version(spark, tmp_path):
+def test_merge_relabels_texts_the_source_holds_and_adds_the_others_as_a_new_version(spark, tmp_path):
     source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
     assert _merge(spark, tmp_path, source_path).source_uri == source_path  # no feedback yet: unchanged
     corrections = _jsonl(
         tmp_path / "c.jsonl",
         [
-            # Already in the source (whatever its split, test included): never added again.
-            {"id": "x1", "label": "billing", "text": "  where IS my   parcel?"},
+            # Already in the source (whatever its split, test included) with another label: relabelled.
+            {"id": "x1", "label": "billing", "text": "  where IS my   parcel?", "corrected_by": "ana"},
             {
                 "id": "x2",
                 "label": "billing",
@@ -181,15 +187,44 @@ def test_merge_adds_only_texts_the_source_does_not_hold_as_a_new_version(spark, 
 
     merged = _merge(spark, tmp_path, source_path)
     assert (merged.corrections, merged.already_in_source, merged.added_rows) == (2, 1, 1)
+    assert merged.labels_changed == 1
     assert merged.source_format == "parquet" and merged.source_uri.startswith(str(tmp_path / "sources"))
-    rows = spark.read.parquet(merged.source_uri).collect()
+    rows = {r["message"]: r for r in spark.read.parquet(merged.source_uri).collect()}
     assert len(rows) == 3
-    [added] = [r for r in rows if r["message"] not in {s["message"] for s in SOURCE}]
+    # The source's row keeps its text (hence its example_id and split) and takes the corrected label.
+    parcel = rows["Where is my parcel?"]
+    assert (
+        parcel["intent_label"] == "billing" and parcel["quality_score"] == 1.0 and parcel["channel"] == "web"
+    )
+    assert rows["Refund me please"]["intent_label"] == "refund"  # not corrected: as it was
+    [added] = [r for text, r in rows.items() if text not in {s["message"] for s in SOURCE}]
     # The latest correction of one text wins; a person checked it, so its quality is 1.0.
     assert added["intent_label"] == "refund" and added["quality_score"] == 1.0 and added["channel"] is None
+    # The version lists the relabelled rows, and says what it holds.
+    with open(merged.overrides_uri, newline="") as listed:
+        [override] = list(csv.DictReader(listed))
+    assert override == {
+        "text_key": hashlib.sha256(b"where is my parcel?").hexdigest(),
+        "text": "  where IS my   parcel?",
+        "old_label": "shipping",
+        "new_label": "billing",
+        "corrected_by": "ana",
+        "corrected_at": WHEN.replace(tzinfo=None).isoformat(),
+        "rows": "1",
+    }
+    record = read_version(spark, merged.source_uri)
+    assert (record["labels_changed"], record["added_rows"], record["overrides_uri"]) == (
+        1,
+        1,
+        merged.overrides_uri,
+    )
+    assert read_version(spark, source_path) is None
     # Same source, same corrections: the same version, reused, so the data fingerprint stays.
     again = _merge(spark, tmp_path, source_path)
     assert again.source_uri == merged.source_uri and again.version == merged.version
+    # The source rewritten: a new version, never the stale one.
+    _jsonl(tmp_path / "source.jsonl", [*SOURCE, {"message": "A third text", "intent_label": "refund"}])
+    assert _merge(spark, tmp_path, source_path).version != merged.version
 
 
 def test_corrections_and_a_merged_version_are_as_many_files_as_their_input_not_one_per_shuffle_partition(
@@ -214,12 +249,42 @@ def test_corrections_and_a_merged_version_are_as_many_files_as_their_input_not_o
     assert len(list(Path(merged.source_uri).glob("*.parquet"))) <= 2  # the source's file + the corrections'
 
 
-def test_merge_with_only_known_texts_keeps_the_source(spark, tmp_path):
+def test_merge_with_corrections_that_agree_with_the_source_keeps_the_source(spark, tmp_path):
     source_path = _jsonl(tmp_path / "source.jsonl", SOURCE)
-    known = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "billing", "text": "Refund me please"}])
+    known = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "refund", "text": "Refund me please"}])
     record_corrections(spark, known, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
     result = _merge(spark, tmp_path, source_path)
     assert result.source_uri == source_path and result.added_rows == 0 and result.already_in_source == 1
+    assert result.labels_changed == 0
+
+
+def test_a_correction_settles_a_label_conflict_and_the_text_keeps_its_split(spark, tmp_path, tokenizer_path):
+    from sparktune.core.params import parse_params
+    from sparktune.data.prepare import prepare
+
+    conflicting = [
+        *SOURCE,
+        {"message": "where is my parcel?  ", "intent_label": "billing", "quality_score": 0.9},
+    ]
+    source_path = _jsonl(tmp_path / "source.jsonl", conflicting)
+    params = parse_params({"label_conflicts": "quarantine", "min_chars": 5})
+    before = prepare(spark.read.json(source_path), params, tokenizer_path)
+    assert before.label_conflicts["texts"] == 1 and before.rows.count() == 1
+    splits_before = {r["example_id"]: r["split"] for r in before.rows.collect()}
+    before.unpersist()
+
+    fix = _jsonl(tmp_path / "c.jsonl", [{"id": "x1", "label": "shipping", "text": "Where is my parcel?"}])
+    record_corrections(spark, fix, str(tmp_path / "feedback"), "b1", corrected_at=WHEN)
+    merged = _merge(spark, tmp_path, source_path)
+    assert (merged.labels_changed, merged.added_rows) == (1, 0)  # only the copy labelled otherwise
+    after = prepare(spark.read.parquet(merged.source_uri), params, tokenizer_path)
+    rows = {r["example_id"]: r for r in after.rows.collect()}
+    assert after.label_conflicts["texts"] == 0
+    # Both copies now agree: the text is trained on, under the content key it always had.
+    assert rows[hashlib.sha256(b"where is my parcel?").hexdigest()]["label"] == "shipping"
+    [(refund_id, refund_split)] = splits_before.items()
+    assert rows[refund_id]["split"] == refund_split  # what was not corrected stays where it was
+    after.unpersist()
 
 
 def test_merge_matches_columns_as_spark_does_and_leaves_a_missing_one_to_prepare_data(spark, tmp_path):

@@ -32,3 +32,29 @@ def test_summary_shows_counts_fingerprint_aliases_gate_and_metrics():
         "make mlflow-ui",
     ):
         assert expected in text, expected
+
+
+def test_summary_says_what_corrections_changed_and_how_many_texts_conflicted():
+    base = {
+        "model_name": "m",
+        "version": "4",
+        "version_aliases": [],
+        "all_aliases": {},
+        "mlflow_run_id": "r",
+        "data_fingerprint": "f",
+        "gate_decision": "promote",
+        "gate_reasons": "",
+        "metrics": {},
+        "prepare_steps": [],
+        "split_counts": {},
+    }
+    text = format_summary(
+        {
+            **base,
+            "label_conflicts": {"policy": "keep_newest", "texts": 3, "rows": 4, "examples": []},
+            "feedback": {"labels_changed": 12, "added_rows": 21, "overrides_uri": "/lake/sources/v/x.csv"},
+        }
+    )
+    assert "3 text(s) labelled differently, 4 row(s) set aside (label_conflicts=keep_newest)" in text
+    assert "corrections relabelled 12 source row(s) and added 21 text(s); list: /lake/sources/v/x.csv" in text
+    assert "Feedback" not in format_summary(base) and "Label conflicts" not in format_summary(base)

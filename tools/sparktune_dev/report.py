@@ -46,6 +46,8 @@ def model_summary(model_name: str) -> dict:
         "metrics": {k: v for k, v in sorted(run.data.metrics.items()) if not k.startswith("rows_out.")},
         "prepare_steps": (prepare or {}).get("steps", []),
         "split_counts": (prepare or {}).get("split_counts", {}),
+        "label_conflicts": (prepare or {}).get("label_conflicts") or {},
+        "feedback": _load_json_artifact(newest.run_id, "pipeline/feedback_summary.json") or {},
         "recipe": (trained or {}).get("recipe", {}),
     }
 
@@ -67,6 +69,18 @@ def format_summary(summary: dict) -> str:
             skipped = "  (skipped)" if step.get("skipped") else ""
             lines.append(f"  {step['step']:<18} {step['rows_in']:>9} -> {step['rows_out']:>9}{skipped}")
         lines.append(f"  splits: {json.dumps(summary['split_counts'])}")
+    conflicts = summary.get("label_conflicts") or {}
+    if conflicts.get("texts"):
+        lines.append(
+            f"Label conflicts:   {conflicts['texts']} text(s) labelled differently, "
+            f"{conflicts['rows']} row(s) set aside (label_conflicts={conflicts['policy']})"
+        )
+    feedback = summary.get("feedback") or {}
+    if feedback.get("labels_changed") or feedback.get("added_rows"):
+        lines.append(
+            f"Feedback:          corrections relabelled {feedback['labels_changed']} source row(s) and added "
+            f"{feedback['added_rows']} text(s); list: {feedback.get('overrides_uri') or '(none)'}"
+        )
     lines += [
         f"Data fingerprint:  {summary['data_fingerprint']}",
         f"MLflow run id:     {summary['mlflow_run_id']}",

@@ -1,4 +1,4 @@
-"""The params of the DAGs around the pipeline (batch_inference, record_corrections,
+"""The params of the DAGs around the pipeline (batch_inference, review_queue, record_corrections,
 rollback_champion), in the same :class:`ParamSpec` form as the pipeline's own.
 
 Functions, not constants: their defaults are paths under ``SPARKTUNE_HOME`` and the lake, read
@@ -14,6 +14,7 @@ from sparktune.core.params import SPECS_BY_NAME, ParamSpec
 
 SCORING = "Scoring"
 MODEL = "Model"
+REVIEW = "Review"
 
 
 def batch_inference_specs() -> tuple[ParamSpec, ...]:
@@ -101,6 +102,36 @@ def record_corrections_specs() -> tuple[ParamSpec, ...]:
             DEFAULT_MODEL_NAME,
             "Model whose champion's labels the corrections use.",
             section=MODEL,
+            min_length=1,
+        ),
+    )
+
+
+def review_queue_specs() -> tuple[ParamSpec, ...]:
+    """Whose scored rows to queue for review, how many, and where the files go."""
+    return (
+        ParamSpec(
+            "model_name",
+            "string",
+            DEFAULT_MODEL_NAME,
+            "Registered model whose scored rows to queue. Empty: the rows of every model.",
+            section=MODEL,
+        ),
+        ParamSpec(
+            "queue_size",
+            "integer",
+            100,
+            "How many rows the queue holds: the distinct, uncorrected texts the model is least sure of.",
+            minimum=1,
+            maximum=10_000,
+            section=REVIEW,
+        ),
+        ParamSpec(
+            "output_uri",
+            "string",
+            f"{settings().feedback_uri}/review_queue",
+            "Folder of the queues; each run writes <output_uri>/<run id>/review_queue.csv and .parquet.",
+            section=REVIEW,
             min_length=1,
         ),
     )

@@ -83,8 +83,9 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "merge_feedback",
         "boolean",
         True,
-        "Add the human corrections of the feedback table (SPARKTUNE_FEEDBACK_URI, default "
-        "<lake>/feedback) whose texts the source does not hold yet, as a new data version.",
+        "Apply the human corrections of the feedback table (SPARKTUNE_FEEDBACK_URI, default "
+        "<lake>/feedback) as a new data version: a corrected text the source holds takes the "
+        "corrected label, one it lacks is added.",
     ),
     # --- preparation recipe
     ParamSpec(

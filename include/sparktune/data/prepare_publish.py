@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from sparktune.data.data_version import feedback_line, read_version
 from sparktune.data.prepare import prepare
 from sparktune.data.prepare_report import format_steps, no_rows_left_error, step_warnings, summarize
 from sparktune.data.prepare_source import empty_source_error, hadoop_fs, read_source, resolve_source_uri
@@ -123,8 +124,14 @@ def run_prepare(
         "tokenizer": tokenizer_path,
         "source_uri": source_uri,
         "source_format": fmt,
+        "label_conflicts": prepared.label_conflicts,
     }
+    version = read_version(spark, source_uri)
+    if version is not None:
+        summary["feedback"] = version
     log.info("prepare_data %s -> %s (reused=%s)", source_uri, prepared_uri, summary["reused"])
+    if version is not None:
+        log.info("%s", feedback_line(version))
     for line in format_steps(prepared.steps):
         log.info("%s", line)
     log.info("split counts: %s", json.dumps(summary["split_counts"]))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparktune.core.params import PipelineParams
+from sparktune.data.data_version import feedback_line, read_version
 from sparktune.data.quality_gx import (
     data_docs_dir,
     gx_context,
@@ -143,6 +144,13 @@ def run_quality_gate(
         outcomes.append(prepared)
         statistics["prepared"] = prepared.statistics
     report = _report(context, outcomes, primary=RAW_INPUT if prepared_df is None else ROWS)
+    version = read_version(spark, source_uri)
+    if version is not None:
+        # The gate validated a data version the feedback loop wrote: say what corrections changed.
+        statistics["feedback"] = {
+            key: version.get(key) for key in ("corrections", "labels_changed", "added_rows", "overrides_uri")
+        }
+        log.info("%s", feedback_line(version))
     report.statistics = {
         **statistics,
         "evaluated_expectations": report.evaluated,

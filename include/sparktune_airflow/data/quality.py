@@ -70,6 +70,12 @@ def _enforce_quality(report: Any, fail: bool, source: str | None) -> dict[str, A
 
     print(f"quality: {report.evaluated} expectations, success={report.success}, docs {report.data_docs_uri}")
     print(f"Data Docs (every suite and run): {report.data_docs_index_uri}")
+    feedback = report.statistics.get("feedback")
+    if feedback:
+        print(
+            f"feedback: the corrections changed {feedback['labels_changed']} label(s) of the source and "
+            f"added {feedback['added_rows']} text(s); relabelled rows: {feedback['overrides_uri']}"
+        )
     if not report.success and fail:
         raise AirflowFailException(format_failures(report))
     if report.warnings or not report.success:

@@ -4,6 +4,7 @@ and the ``candidate`` alias."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,30 @@ from sparktune_airflow.core.lineage import ReportsLineage
 from sparktune_airflow.core.links import MLflowModelVersionLink
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
 from sparktune_airflow.core.task_context import audit_actor
+
+
+def _log_file(client: Any, run_id: str, uri: str, folder: str) -> None:
+    """Log a local file, or a copy of a file in the lake (any fsspec URI), as a run artifact."""
+    import tempfile
+
+    path = uri.removeprefix("file://")
+    if not path or path == "None":
+        return
+    if Path(path).is_file():
+        client.log_artifact(run_id, path, folder)
+        return
+    if "://" not in path:
+        return  # a missing local file: nothing to log
+    import fsspec
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = Path(tmp) / path.rstrip("/").rsplit("/", 1)[-1]
+        try:
+            fsspec.filesystem(fsspec.core.split_protocol(path)[0]).get(path, str(local))
+        except (OSError, ValueError, ImportError) as exc:
+            logging.getLogger(__name__).warning("%s not logged to run %s: %s", uri, run_id, exc)
+            return
+        client.log_artifact(run_id, str(local), folder)
 
 
 class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
@@ -61,12 +86,14 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
             client.log_dict(self.run_id, content, f"pipeline/{name}.json")
         for folder, files in self.run_files.items():
             for uri in (files.values() if isinstance(files, dict) else files) or []:
-                path = uri.removeprefix("file://")
-                if Path(path).is_file():
-                    client.log_artifact(self.run_id, path, folder)
+                _log_file(client, self.run_id, str(uri or ""), folder)
         prepare = self.run_artifacts.get("prepare_summary") or {}
         for step in prepare.get("steps", []):
             client.log_metric(self.run_id, f"rows_out.{step['step']}", step["rows_out"])
+        feedback = self.run_artifacts.get("feedback_summary") or {}
+        for name in ("labels_changed", "added_rows"):
+            if name in feedback:
+                client.log_metric(self.run_id, f"feedback.{name}", feedback[name])
         # A value a run could not tell (a table's source signature) is left out, not tagged "None".
         tags = {k: str(v) for k, v in self.tags.items() if v is not None and str(v) != ""}
         from sparktune.model.training import CODE_FINGERPRINT_TAG, CODE_VERSION_TAG

@@ -25,6 +25,7 @@ def _record_corrections(
     batch_id: str,
     corrected_at: str,
     captures_uri: str = "",
+    corrected_by: str = "",
     spark: Any = None,
 ) -> dict[str, Any]:
     from datetime import datetime
@@ -43,10 +44,14 @@ def _record_corrections(
             known_labels=known_labels,
             corrected_at=datetime.fromisoformat(corrected_at),
             captures_uri=captures_uri or None,
+            corrected_by=corrected_by or None,
         )
     except (FeedbackError, DataPreparationError) as exc:
         raise AirflowFailException(str(exc)) from exc
-    print(f"recorded {result.rows} corrections into {result.batch_uri}: {json.dumps(result.labels)}")
+    print(
+        f"recorded {result.rows} corrections into {result.batch_uri}: {json.dumps(result.labels)}; "
+        f"{result.not_reviewed} rows without a label skipped (not reviewed)"
+    )
     return result.to_summary()
 
 
@@ -64,12 +69,15 @@ def _champion_labels(model_name: str) -> list[str] | None:
 
 
 class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
-    """Adds a file of human corrections (``id, label`` [, ``text``, ``corrected_at``]) to the feedback
-    table as one batch per DAG run (a rerun replaces its own batch).
+    """Adds a file of human corrections (``id, label`` [, ``text``, ``corrected_at``,
+    ``corrected_by``]) to the feedback table as one batch per DAG run (a rerun replaces its own
+    batch); ``corrected_by`` defaults to the user who triggered the run.
 
     Labels must be in the champion's label set; ids must have been scored by batch inference or
-    carry their text. Every problem is reported at once and fails the task without retries. Give
-    the task ``outlets=[feedback_asset()]`` so the corrections trigger retraining.
+    carry their text. Rows with a blank label are skipped as not reviewed, so a filled review
+    queue (``ReviewQueueOperator``) is taken as it is. Every problem is reported at once and fails
+    the task without retries. Give the task ``outlets=[feedback_asset()]`` so the corrections
+    trigger retraining.
 
     :param corrections_uri: path of the corrections (Parquet, CSV, JSON Lines).
     :param model_name: whose champion's labels the corrections are checked against.
@@ -119,6 +127,9 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
             "model_name": str(self.model_name),
             "batch_id": f"{ti.dag_id}__{ti.run_id}",
             "corrected_at": (context.get("logical_date") or context["dag_run"].run_after).isoformat(),
+            # Who, when the file does not say per row: the user who triggered the run, else the run.
+            "corrected_by": getattr(context["dag_run"], "triggering_user_name", None)
+            or f"airflow:{ti.dag_id}/{ti.run_id}",
         }
         # It also reads the feedback table and the serving captures: the inputs' size is not known.
         self.config_kwargs = session_jvm_conf(self.conn_id, self.config_kwargs, None)
@@ -152,7 +163,8 @@ def _merge_feedback(typed_params: PipelineParams, spark: Any = None) -> dict[str
         raise AirflowFailException(str(exc)) from exc
     print(
         f"feedback: {result.corrections} corrected texts, {result.already_in_source} already in the "
-        f"source, {result.added_rows} added; training reads {result.source_uri}"
+        f"source, {result.labels_changed} source rows relabelled, {result.added_rows} added; training "
+        f"reads {result.source_uri}"
     )
     return result.to_summary()
 
@@ -168,10 +180,11 @@ def _source_uri(params: Any) -> str:
 
 
 class MergeFeedbackOperator(PySparkOperator):
-    """The source the run trains on: the params' source plus the feedback table's corrected rows
-    that it does not hold yet (deduplicated by text over every split), written as a new data
-    version; with nothing new, the source itself. Returns ``source_uri`` and ``source_format``
-    for ``PrepareDataOperator``.
+    """The source the run trains on: the params' source with the feedback table's corrections
+    applied (matched by normalized text over every split: a text it holds is relabelled in place,
+    one it lacks is added), written as a new data version; when no correction changes anything,
+    the source itself. Returns ``source_uri``, ``source_format``, ``labels_changed``,
+    ``added_rows`` and ``overrides_uri`` (the relabelled rows) for the tasks after it.
 
     :param pipeline_params: (templated) the pipeline params; missing names (or None) take their defaults.
     :param conn_id: the Spark connection (default ``spark_default``).
