@@ -86,3 +86,21 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
     assert skipped == ["skip_unchanged"] and not same["train"]
     assert model_version_url(same, "http://mlflow") == f"http://mlflow/#/models/intent/versions/{version}"
     assert run("fp2")["train"] and skipped == ["skip_unchanged"]  # new data: trains, skips nothing
+
+
+def test_corrections_are_recorded_as_by_the_user_who_triggered_the_run(tmp_path, monkeypatch):
+    from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
+    from sparktune_airflow import RecordCorrectionsOperator
+
+    monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[1]"}')
+    kwargs: list[dict] = []
+    monkeypatch.setattr(PySparkOperator, "execute", lambda op, context: kwargs.append(dict(op.op_kwargs)))
+    ti = SimpleNamespace(dag_id="record_corrections", run_id="manual__1", task_id="record", try_number=1)
+    due = datetime(2026, 11, 23, tzinfo=UTC)
+    corrections = tmp_path / "data" / "c.csv"
+    operator = RecordCorrectionsOperator(task_id="record", corrections_uri=str(corrections), model_name="m")
+    for user, expected in (("ana", "ana"), (None, "airflow:record_corrections/manual__1")):
+        run = SimpleNamespace(run_after=due, triggering_user_name=user)
+        operator.execute({"ti": ti, "dag_run": run, "logical_date": None})
+        assert kwargs[-1]["corrected_by"] == expected

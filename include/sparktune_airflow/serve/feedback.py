@@ -128,7 +128,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
             "batch_id": f"{ti.dag_id}__{ti.run_id}",
             "corrected_at": (context.get("logical_date") or context["dag_run"].run_after).isoformat(),
             # Who, when the file does not say per row: the user who triggered the run, else the run.
-            "corrected_by": getattr(context["dag_run"], "triggering_user_name", None)
+            "corrected_by": getattr(context.get("dag_run"), "triggering_user_name", None)
             or f"airflow:{ti.dag_id}/{ti.run_id}",
         }
         # It also reads the feedback table and the serving captures: the inputs' size is not known.
