@@ -6,6 +6,10 @@ PYTHON ?= python3.11
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export SPARKTUNE_HOME ?= $(CURDIR)/.local
+# Every Spark JVM a target starts (a job's driver with its UI on 4040, make bench's sessions) listens
+# on loopback; by default Spark binds its UIs to every interface and its RPC to the host name's address.
+# A driver whose executors run on other machines needs an address they reach: set SPARK_LOCAL_IP.
+export SPARK_LOCAL_IP ?= 127.0.0.1
 DAG ?= llm_finetune
 CONF ?= {}
 DEMO_ROWS ?= 4000
@@ -27,7 +31,7 @@ help:
 	@echo "make test            the whole test suite;  make test-fast: without the end-to-end DAG runs and fault tests (-m 'not e2e and not slow')"
 	@echo "make test-load       five llm_finetune runs triggered at once on the native stack (not in make test)"
 	@echo "make lint            ruff (style, private names) and lint-imports (the import contracts in pyproject.toml)"
-	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME)"
+	@echo "make airflow-ui / make mlflow-ui   open the UIs on the state in $(SPARKTUNE_HOME) (127.0.0.1:8080 / :5000)"
 	@echo "make bench           every bench below at small sizes, one after another (~8 min); fails if any target is missed"
 	@echo "make bench-dag-parse what each DAG file adds over import airflow.sdk, fresh interpreters (target 0.3 s)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
@@ -186,11 +190,21 @@ lint: venv
 format: venv
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
+# Airflow's api-server, scheduler, dag-processor and triggerer on the embedded state
+# (sparktune_dev/embedded/ui.py, not `airflow standalone`, whose log servers listen on every interface):
+# http://127.0.0.1:8080, every user admin. AIRFLOW__API__HOST / AIRFLOW__API__PORT move it; on an
+# address other machines reach it asks for a login (password in $(SPARKTUNE_HOME)/secrets).
 airflow-ui: venv
-	eval "$$($(PY) -m sparktune_dev.embedded env)" && PATH="$(VENV)/bin:$$PATH" AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS=True airflow standalone
+	$(PY) -m sparktune_dev.embedded ui
 
+# MLflow's UI on the embedded registry; MLFLOW_UI_HOST / MLFLOW_UI_PORT move it. Clients that reach it
+# by a host name (not localhost or a private address) need MLFLOW_UI_ARGS='--allowed-hosts <name>'.
+MLFLOW_UI_HOST ?= 127.0.0.1
+MLFLOW_UI_PORT ?= 5000
+MLFLOW_UI_ARGS ?=
 mlflow-ui: venv
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(SPARKTUNE_HOME)/mlflow/mlflow.db --host 127.0.0.1 --port 5000
+	@mkdir -p $(SPARKTUNE_HOME)/mlflow
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(SPARKTUNE_HOME)/mlflow/mlflow.db --host $(MLFLOW_UI_HOST) --port $(MLFLOW_UI_PORT) $(MLFLOW_UI_ARGS)
 
 clean:
 	rm -rf $(SPARKTUNE_HOME)

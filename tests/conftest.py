@@ -21,6 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["AIRFLOW_HOME"] = str(_SESSION_HOME / "airflow")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# The Spark JVMs the tests start (the session's driver, the standalone clusters, spark-submit jobs)
+# listen on loopback, as `make test` has them (Makefile): Spark's default binds its UIs to every
+# interface and its RPC to the address the host name resolves to.
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # MLflow's own default is sqlite:///mlflow.db in the working directory (the repository root): a
 # test that reaches MLflow without a store of its own gets this one. A test that sets
 # SPARKTUNE_HOME and wants that home's store sets MLFLOW_TRACKING_URI too (settings() prefers the

@@ -48,7 +48,9 @@ def test_services_listen_on_loopback_only_and_the_api_wants_a_login(stack):
             continue
         listening += [(process.name(), s.laddr) for s in sockets if s.status == psutil.CONN_LISTEN]
     assert listening, "found no listening sockets of the stack"
-    exposed = [(name, addr) for name, addr in listening if addr.ip not in ("127.0.0.1", "::ffff:127.0.0.1")]
+    exposed = [
+        (name, addr) for name, addr in listening if addr.ip not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+    ]
     assert not exposed, exposed
     with pytest.raises(HTTPError) as refused:
         _request("GET", f"{stack.airflow_url}/api/v2/dags")
@@ -56,6 +58,32 @@ def test_services_listen_on_loopback_only_and_the_api_wants_a_login(stack):
     with pytest.raises(HTTPError) as wrong:
         _request("POST", f"{stack.airflow_url}/auth/token", {"username": "admin", "password": "admin"})
     assert wrong.value.status in (401, 403)  # the generated password, never a default one
+
+
+def test_the_stack_signs_with_long_private_keys_and_its_spark_drivers_bind_loopback(stack):
+    """The generated secrets of the running stack (issue 22), and the address each task's Spark
+    driver binds: a driver runs only while a task does, so its environment is what is checked."""
+    import stat
+
+    from sparktune_dev.stack import _log, _read_pids, secret_paths, stack_env
+
+    state = stack.config.state_dir
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    files = {**secret_paths(stack.config), "passwords": state / "passwords.json"}
+    for name, path in files.items():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, f"{name}: {path} is {oct(path.stat().st_mode)}"
+    for name in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY"):
+        assert len(files[name].read_bytes()) >= 64, f"{name} is shorter than HS512's 64 bytes"
+    stack.token()  # the api-server signs a JWT now, if it had not yet
+    api_log = _log(stack.config, "api-server").read_text(errors="replace")
+    assert "minimum recommended length" not in api_log and "using a generated one" not in api_log
+    # The environment every stack process starts with (Airflow's own processes rewrite the copy
+    # /proc shows, setproctitle): spark-submit's driver, its UI, RPC and block manager, takes
+    # SPARK_LOCAL_IP from the task's process. The Spark daemons show theirs as they got it.
+    assert stack_env(stack.config, base=stack.base_env)["SPARK_LOCAL_IP"] == "127.0.0.1"
+    pids = _read_pids(stack.config)
+    for name in ("spark-master", "spark-worker"):
+        assert psutil.Process(pids[name]).environ().get("SPARK_LOCAL_IP") == "127.0.0.1", name
 
 
 def _task_log_tail(stack, run: dict) -> str:

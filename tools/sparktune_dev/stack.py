@@ -1,6 +1,6 @@
 """The production topology of docker-compose.yaml, natively on this machine (``make stack``).
 
-Everything listens on 127.0.0.1 only:
+Everything listens on 127.0.0.1 only (``SPARKTUNE_STACK_HOST`` names another address of this machine):
 
 - Airflow on the local PostgreSQL server (its own database): api-server (UI, REST API, execution
   API), scheduler, dag-processor and triggerer as separate processes; SimpleAuthManager with one
@@ -14,8 +14,9 @@ Everything listens on 127.0.0.1 only:
 
 The DAGs reach Spark and MLflow through the ``spark_default`` and ``mlflow_default`` connections,
 defined as ``AIRFLOW_CONN_*`` variables of the Airflow processes, as in docker-compose.yaml.
-State (logs, pids, artifacts, lake) lives under ``$SPARKTUNE_HOME/stack``; ``down`` stops the
-processes and keeps the databases, ``down --purge`` drops them too.
+State (logs, pids, artifacts, lake) lives under ``$SPARKTUNE_HOME/stack`` (mode 0700), with the
+generated secrets (Fernet key, JWT and session signing keys, the admin's password) in 0600 files;
+``down`` stops the processes and keeps the databases, ``down --purge`` drops them too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import argparse
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -37,11 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from sparktune.core.config import HOME_ENV
+from sparktune_dev import secret_files
 from sparktune_dev.embedded.environment import PROJECT_ROOT, embedded_env
 
 PG_ENV = "SPARKTUNE_STACK_PG"  # the server: postgresql://user@host:port (trust or password auth)
 EXECUTOR_ENV = "SPARKTUNE_STACK_EXECUTOR"  # local (default) or celery
 REDIS_ENV = "SPARKTUNE_STACK_REDIS"  # the Celery broker: redis://host:port/db
+# The one address every service listens on (default 127.0.0.1): an address of this machine that
+# other machines reach opens all of them to those machines, the MLflow server and Spark without a login.
+HOST_ENV = "SPARKTUNE_STACK_HOST"
 PORT_ENVS = {
     "airflow_port": "SPARKTUNE_STACK_AIRFLOW_PORT",
     "mlflow_port": "SPARKTUNE_STACK_MLFLOW_PORT",
@@ -87,6 +91,8 @@ class StackConfig:
         for name, env_name in PORT_ENVS.items():
             if os.environ.get(env_name):
                 values[name] = int(os.environ[env_name])
+        if os.environ.get(HOST_ENV):
+            values["host"] = os.environ[HOST_ENV]
         if os.environ.get(PG_ENV):
             values["postgres"] = os.environ[PG_ENV]
         if os.environ.get(EXECUTOR_ENV):
@@ -141,41 +147,63 @@ class StackConfig:
         return f"http://{self.host}:{self.spark_ui_port}"
 
 
-def _secret(path: Path, make) -> str:
-    """A generated secret kept in the state folder (mode 0600), the same across restarts."""
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(make())
-    return path.read_text().strip()
-
-
 def admin_password(config: StackConfig) -> str:
     return json.loads((config.state_dir / "passwords.json").read_text())[config.username]
 
 
-def _write_secrets(config: StackConfig) -> dict[str, str]:
-    from cryptography.fernet import Fernet
-
+def secret_paths(config: StackConfig) -> dict[str, Path]:
+    """The Airflow options the stack generates a secret for, and the file (0600, in the 0700 state
+    folder) that keeps each."""
     state = config.state_dir
-    passwords = state / "passwords.json"
-    if not passwords.exists():
-        _secret(passwords, lambda: json.dumps({config.username: secrets.token_urlsafe(12)}))
     return {
-        "fernet": _secret(state / "fernet.key", lambda: Fernet.generate_key().decode()),
-        "jwt": _secret(state / "jwt.secret", lambda: secrets.token_urlsafe(32)),
-        "api": _secret(state / "api.secret", lambda: secrets.token_urlsafe(32)),
+        "AIRFLOW__CORE__FERNET_KEY": state / "fernet.key",
+        "AIRFLOW__API_AUTH__JWT_SECRET": state / "jwt.secret",
+        "AIRFLOW__API__SECRET_KEY": state / "api.secret",
     }
 
 
-def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def _write_secrets(config: StackConfig, renew_weak: bool = False) -> dict[str, str]:
+    """Each generated secret's value, made on the first start and the same on every later one.
+
+    A signing secret shorter than HS512's 64 bytes (a stack started by an older version made 43
+    characters) is made again only with ``renew_weak``: ``up`` asks for it when no service runs,
+    since a running api-server would reject the tokens a new secret signs.
+    """
+    files = secret_paths(config)
+    keys = {
+        "AIRFLOW__CORE__FERNET_KEY": secret_files.ensure_secret(
+            files["AIRFLOW__CORE__FERNET_KEY"], _fernet_key
+        )
+    }
+    for name in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY"):
+        keys[name] = secret_files.ensure_secret(
+            files[name],
+            secret_files.signing_key,
+            min_length=secret_files.MIN_SIGNING_KEY_BYTES,
+            renew_weak=renew_weak,
+        )
+    secret_files.ensure_password_file(config.state_dir / "passwords.json", [config.username])
+    return keys
+
+
+def _fernet_key() -> str:
+    from cryptography.fernet import Fernet
+
+    return Fernet.generate_key().decode()
+
+
+def stack_env(
+    config: StackConfig, base: dict[str, str] | None = None, renew_weak_secrets: bool = False
+) -> dict[str, str]:
     """The environment of every stack process (and of ``airflow`` commands run against it)."""
-    keys = _write_secrets(config)
+    keys = _write_secrets(config, renew_weak=renew_weak_secrets)
     state = config.state_dir
     base = dict(os.environ if base is None else base)
     # The stack decides where MLflow is (the connection), not a URI left in the caller's shell.
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         base.pop(name, None)
+    # The stack's secrets, not the embedded state's (embedded_env generates those only when unset).
+    base.update(keys)
     env = embedded_env(config.home, base=base)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.update(
@@ -189,12 +217,10 @@ def stack_env(config: StackConfig, base: dict[str, str] | None = None) -> dict[s
             "AIRFLOW__CORE__PARALLELISM": str(config.parallelism),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-            "AIRFLOW__CORE__FERNET_KEY": keys["fernet"],
             "AIRFLOW__API__HOST": config.host,
             "AIRFLOW__API__PORT": str(config.airflow_port),
             "AIRFLOW__API__BASE_URL": config.airflow_url,
-            "AIRFLOW__API__SECRET_KEY": keys["api"],
-            "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt"],
+            **keys,
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{config.airflow_url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{config.username}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(state / "passwords.json"),
@@ -448,10 +474,10 @@ def up(config: StackConfig, timeout: float = 240, base: dict[str, str] | None = 
     the environment the services start from (default: this process's)."""
     config.state_dir.mkdir(parents=True, exist_ok=True)
     ensure_databases(config)
-    env = stack_env(config, base)
+    pids = {name: pid for name, pid in _read_pids(config).items() if _alive(pid)}
+    env = stack_env(config, base, renew_weak_secrets=not pids)
     (config.state_dir / "airflow").mkdir(exist_ok=True)
     (config.state_dir / "mlflow-artifacts").mkdir(exist_ok=True)
-    pids = {name: pid for name, pid in _read_pids(config).items() if _alive(pid)}
     if not pids:
         migrate = subprocess.run(
             [sys.executable, "-m", "airflow", "db", "migrate"], env=env, capture_output=True, text=True
@@ -544,9 +570,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name:14} {'healthy' if ok else 'DOWN'}")
             return 0 if all(status.values()) else 1
         else:
-            for key, value in sorted(stack_env(config).items()):
-                if key.startswith(("AIRFLOW", "SPARKTUNE", "MLFLOW", "PYSPARK", "SPARK_")):
-                    print(f"export {key}={json.dumps(value)}")
+            # The generated secrets as _CMD variables that read their files: never on the terminal.
+            prefixes = ("AIRFLOW", "SPARKTUNE", "MLFLOW", "PYSPARK", "SPARK_")
+            print("\n".join(secret_files.shell_exports(stack_env(config), prefixes, secret_paths(config))))
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

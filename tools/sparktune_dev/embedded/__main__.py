@@ -1,4 +1,4 @@
-"""Run the project's DAGs on embedded defaults: one folder of state, no servers.
+"""Run the project's DAGs on embedded defaults: one folder of state, no servers (``ui``: Airflow's UI on it).
 
 ``make demo``, ``make run`` and the end-to-end tests all come through here, so the
 environment a DAG sees in CI is the one a user sees on their laptop:
@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 
 from sparktune.core.config import HOME_ENV
-from sparktune_dev.embedded.environment import embedded_env
+from sparktune_dev.embedded.environment import embedded_env, embedded_secret_files
 from sparktune_dev.embedded.runner import run_dag
+from sparktune_dev.secret_files import shell_exports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,14 +42,23 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a DAG once with airflow dags test")
     run.add_argument("--dag", default="llm_finetune")
     run.add_argument("--conf", default="{}", help="DAG run conf as a JSON object")
-    sub.add_parser("env", help="print the embedded environment as shell exports")
+    sub.add_parser("env", help="print the embedded environment as shell exports (secrets as _CMD variables)")
+    sub.add_parser(
+        "ui",
+        help="Airflow's api-server, scheduler, dag-processor and triggerer on this state, on 127.0.0.1:8080 "
+        "(AIRFLOW__API__HOST / AIRFLOW__API__PORT to change)",
+    )
     args = parser.parse_args(argv)
     home = Path(os.environ.get(HOME_ENV, ".local")).expanduser().resolve()
     if args.command == "env":
-        for key, value in sorted(embedded_env(home).items()):
-            if key.startswith(("AIRFLOW", "SPARKTUNE", "MLFLOW", "PYSPARK", "OPENLINEAGE")):
-                print(f"export {key}={json.dumps(value)}")
+        # The generated secrets are named by file, never printed (sparktune_dev.secret_files).
+        prefixes = ("AIRFLOW", "SPARKTUNE", "MLFLOW", "PYSPARK", "OPENLINEAGE", "SPARK_LOCAL_IP")
+        print("\n".join(shell_exports(embedded_env(home), prefixes, embedded_secret_files(home))))
         return 0
+    if args.command == "ui":
+        from sparktune_dev.embedded.ui import run_ui
+
+        return run_ui(home)
     try:
         conf = json.loads(args.conf)
     except json.JSONDecodeError as exc:

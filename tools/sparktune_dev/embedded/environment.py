@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from sparktune.core.config import HOME_ENV, RUN_DEADLINE_ENV, Settings
+from sparktune_dev import secret_files
 
 # Called as airflow_cli.run_airflow, never imported by name: a stand-in for the CLI (the tests')
 # then replaces it here and in the runner at once.
@@ -19,6 +20,31 @@ from sparktune_dev.embedded import airflow_cli
 
 # tools/sparktune_dev/embedded/environment.py: the repository is three folders up.
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+# The address every server the project starts listens on unless the environment names another.
+LOOPBACK = "127.0.0.1"
+# The embedded Airflow's signing secrets (make airflow-ui's api-server, and the execution API that
+# `airflow dags test` runs in its own process), as files under <home>/secrets. Without them Airflow
+# signs with the 24-character secret it generated into airflow.cfg (readable by every user), below
+# the 64 bytes HS512 wants.
+JWT_SECRET_ENV = "AIRFLOW__API_AUTH__JWT_SECRET"
+API_SECRET_ENV = "AIRFLOW__API__SECRET_KEY"
+_SECRET_FILE_NAMES = {JWT_SECRET_ENV: "airflow-jwt.secret", API_SECRET_ENV: "airflow-api.secret"}
+
+
+def secrets_dir(home: Path) -> Path:
+    """The folder (0700) of the embedded state's generated secrets."""
+    return home / "secrets"
+
+
+def embedded_secret_files(home: Path) -> dict[str, Path]:
+    """Each generated secret's variable and the file that keeps it."""
+    return {key: secrets_dir(home) / name for key, name in _SECRET_FILE_NAMES.items()}
+
+
+def airflow_option_given(env: dict[str, str], variable: str) -> bool:
+    """Whether ``env`` sets the Airflow option of ``variable`` itself or through its _CMD/_SECRET variant."""
+    return any(name in env for name in (variable, f"{variable}_CMD", f"{variable}_SECRET"))
 
 
 def embedded_env(
@@ -59,9 +85,27 @@ def embedded_env(
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_DISABLE_TELEMETRY": "1",
+        # Loopback unless the environment says otherwise: Airflow's api-server (make airflow-ui)
+        # defaults to 0.0.0.0, and so does the scheduler's health check server when it is on.
+        "AIRFLOW__API__HOST": LOOPBACK,
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": LOOPBACK,
+        # A Spark driver's UI (port 4040) otherwise listens on every interface, and its RPC and block
+        # manager on the address the host name resolves to. A driver whose executors run on other
+        # machines (spark_default on a remote master, client mode) needs an address they reach here.
+        "SPARK_LOCAL_IP": LOOPBACK,
     }
     for key, value in defaults.items():
         env.setdefault(key, value)
+    for key, path in embedded_secret_files(home).items():
+        # A secret the environment gives (its value, a _CMD or a _SECRET) wins; a private key for
+        # the JWTs rules out a shared secret (Airflow refuses both).
+        if airflow_option_given(env, key) or (
+            key == JWT_SECRET_ENV and airflow_option_given(env, "AIRFLOW__API_AUTH__JWT_PRIVATE_KEY_PATH")
+        ):
+            continue
+        env[key] = secret_files.ensure_secret(
+            path, secret_files.signing_key, min_length=secret_files.MIN_SIGNING_KEY_BYTES
+        )
     # No deadline alerts: `airflow dags test` has no scheduler to fire them, and Airflow 3.3's
     # dag.test() fails the run at its end on a DAG that has one (it looks the alerts up by id and
     # finds their serialized form instead).
