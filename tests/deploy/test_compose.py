@@ -488,3 +488,70 @@ def test_published_ports_bind_to_loopback_and_the_ui_wants_a_login(services):
         env = svc.get("environment") or {}
         assert "SimpleAuthManager" in env.get("AIRFLOW__CORE__AUTH_MANAGER", "SimpleAuthManager"), name
         assert str(env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "false")).lower() != "true", name
+
+
+def _init_python(services: dict) -> str:
+    """The Python heredoc airflow-init runs (``python - <<'PY' ... PY``), dedented."""
+    import textwrap
+
+    script = next(c for c in services["airflow-init"]["command"] if "<<'PY'" in str(c))
+    body = script.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    return textwrap.dedent(body)
+
+
+def test_compose_generates_its_secrets_privately_before_any_airflow_command(services, tmp_path):
+    """No secret has a value in the file: airflow-init generates them once into the volume, and
+    every Airflow service reads them through the _CMD settings."""
+    import os
+    import stat
+    import subprocess
+
+    init = "\n".join(c for c in services["airflow-init"]["command"] if isinstance(c, str))
+    assert init.index("python - <<'PY'") < init.index("airflow db migrate")
+    home = "/opt/airflow/sparktune"
+    for name, svc in airflow_services(services).items():
+        env = env_of(svc)
+        for option, file in (
+            ("AIRFLOW__CORE__FERNET_KEY", "fernet.key"),
+            ("AIRFLOW__API_AUTH__JWT_SECRET", "jwt.secret"),
+            ("AIRFLOW__API__SECRET_KEY", "api.secret"),
+        ):
+            assert option not in env, f"{name}: {option} has a value in the compose file"
+            assert env[f"{option}_CMD"] == f"cat {home}/secrets/{file}", name
+    assert "admin" not in env_of(services["airflow-init"])["_AIRFLOW_WWW_USER_PASSWORD"]
+
+    passwords = tmp_path / "airflow" / "passwords.json"
+    env = {
+        **os.environ,
+        "SPARKTUNE_HOME": str(tmp_path),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "_AIRFLOW_WWW_USER_USERNAME": "admin",
+        "_AIRFLOW_WWW_USER_PASSWORD": "",
+    }
+    passwords.parent.mkdir()
+    script = _init_python(services)
+    first = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    folder = tmp_path / "secrets"
+    made = {path.name: path.read_text() for path in folder.iterdir()}
+    assert set(made) == {"fernet.key", "jwt.secret", "api.secret"}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for path in [*folder.iterdir(), passwords]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    from cryptography.fernet import Fernet
+
+    Fernet(made["fernet.key"].encode())  # a valid key
+    assert min(len(made["jwt.secret"]), len(made["api.secret"])) >= 64
+    password = json.loads(passwords.read_text())["admin"]
+    assert len(password) >= 16 and password not in first.stdout + first.stderr
+    for secret in made.values():
+        assert secret not in first.stdout + first.stderr
+    # A restart keeps every secret (the Fernet key decrypts the database) and the password.
+    subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True)
+    assert {path.name: path.read_text() for path in folder.iterdir()} == made
+    assert json.loads(passwords.read_text())["admin"] == password
+    # A password the operator gives replaces the generated one.
+    given = {**env, "_AIRFLOW_WWW_USER_PASSWORD": "chosen-by-the-operator"}
+    subprocess.run([sys.executable, "-c", script], env=given, capture_output=True, check=True)
+    assert json.loads(passwords.read_text()) == {"admin": "chosen-by-the-operator"}
