@@ -218,3 +218,11 @@ def test_parse_params_allows_anything_when_the_deployment_sets_no_roots(monkeypa
 
     monkeypatch.delenv("SPARKTUNE_ALLOWED_ROOTS", raising=False)
     assert parse_params({"source_uri": "/data/../etc/passwd"}).source_uri == "/data/../etc/passwd"
+
+
+def test_a_run_id_becomes_one_folder_name():
+    from sparktune.core.paths import path_segment
+
+    assert path_segment("manual__2026-11-23T10:00:00+00:00") == "manual__2026-11-23T10_00_00_00_00"
+    assert path_segment("../../etc") == ".._.._etc" and "/" not in path_segment("a/b")
+    assert len(path_segment("x" * 500)) == 200

@@ -210,3 +210,10 @@ def source_root_problems(values: Mapping[str, Any], roots: Sequence[str] | None 
     except ValueError as exc:
         return [str(exc)]
     return []
+
+
+def path_segment(value: str) -> str:
+    """``value`` (a run id, a batch id) as one folder name on any file system: characters other
+    than letters, digits, ``-``, ``_`` and ``.`` become ``_`` (``manual__2026-11-23T10:00:00+00:00``
+    has ``:`` and ``+``), at most 200 of them."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)[:200]

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+from sparktune.core.paths import path_segment
 from sparktune.data.data_version import OVERRIDES_FILE, VERSION_MARKER, write_small_file
 
 log = logging.getLogger(__name__)
@@ -233,7 +234,7 @@ def record_corrections(
             .coalesce(_input_partitions(raw))
             .persist()
         )
-        batch_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}/batch={_safe(batch_id)}"
+        batch_uri = f"{feedback_uri.rstrip('/')}/{CORRECTIONS_DIR}/batch={path_segment(batch_id)}"
         rows.write.mode("overwrite").parquet(batch_uri)
         counts = {r["label"]: int(r["count"]) for r in rows.groupBy("label").count().collect()}
         rows.unpersist()
@@ -353,10 +354,6 @@ def _input_partitions(df: DataFrame) -> int:
     under load). Corrections are small; their input's partitioning is the right size.
     """
     return max(1, df.rdd.getNumPartitions())
-
-
-def _safe(value: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in value)[:200]
 
 
 # ------------------------------------------------------------------------------------ merge

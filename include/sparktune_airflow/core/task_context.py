@@ -14,6 +14,7 @@ from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.core.config import settings
 from sparktune.core.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
+from sparktune.core.paths import path_segment
 
 
 def pipeline_params(explicit: Mapping[str, Any] | None) -> PipelineParams:
@@ -75,8 +76,7 @@ def check_allowed_location(param: str, value: Any, source_format: str | None = N
 def task_scratch_dir(context: Any) -> Path:
     """A per-try scratch folder for request/result files exchanged with subprocesses."""
     ti = context["ti"]
-    safe_run_id = "".join(c if c.isalnum() or c in "-_." else "_" for c in ti.run_id)
-    path = settings().home / "runs" / ti.dag_id / safe_run_id / ti.task_id / str(ti.try_number)
+    path = settings().home / "runs" / ti.dag_id / path_segment(ti.run_id) / ti.task_id / str(ti.try_number)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -9,6 +9,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.core.config import settings
+from sparktune.core.paths import path_segment
 from sparktune_airflow.core.spark_jobs import session_jvm_conf
 from sparktune_airflow.core.task_context import check_allowed_location
 
@@ -46,11 +47,6 @@ def _build_review_queue(
         "  then record it: the record_corrections DAG with corrections_uri set to that file"
     )
     return result.to_summary()
-
-
-def run_folder(run_id: str) -> str:
-    """A DAG run's id as a folder name (``manual__2026-11-23T10:00:00+00:00`` has ``:`` and ``+``)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:200]
 
 
 class ReviewQueueOperator(PySparkOperator):
@@ -115,7 +111,7 @@ class ReviewQueueOperator(PySparkOperator):
             "model_name": str(self.model_name or "").strip(),
             "size": size,
             # One folder per run: a queue being filled in is never overwritten by the next run.
-            "output_uri": f"{root.rstrip('/')}/{run_folder(context['ti'].run_id)}",
+            "output_uri": f"{root.rstrip('/')}/{path_segment(context['ti'].run_id)}",
         }
         # It reads the feedback table and the serving captures: the inputs' size is not known.
         self.config_kwargs = session_jvm_conf(self.conn_id, self.config_kwargs, None)
