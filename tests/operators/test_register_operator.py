@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import mlflow
@@ -37,3 +38,37 @@ def test_a_tag_without_a_value_is_left_out(tmp_path, monkeypatch):
         registered = MlflowClient(uri).get_model_version("m", version).tags
     assert registered["data_fingerprint"] == "fp1"
     assert "source_signature" not in registered and "base_model" not in registered
+
+
+def test_the_feedback_counts_and_overrides_file_reach_the_run_from_any_filesystem(tmp_path, monkeypatch):
+    import fsspec
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    # The overrides file of a data version in a lake fsspec reaches (memory:// stands in for s3://).
+    with fsspec.open("memory://lake/sources/v1/_label_overrides.csv", "w") as remote:
+        remote.write("text_key,text,old_label,new_label\nk,where is my parcel,billing,shipping\n")
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment("register-feedback")
+        with mlflow.start_run() as run:
+            mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
+        task = RegisterModelOperator(
+            task_id="register",
+            run_id=run.info.run_id,
+            model_name="m",
+            run_artifacts={"feedback_summary": {"labels_changed": 3, "added_rows": 2}},
+            # An unchanged source has no overrides file: its empty URI is skipped.
+            run_files={"feedback": ["memory://lake/sources/v1/_label_overrides.csv", ""]},
+        )
+        ti = SimpleNamespace(dag_id="llm_finetune", run_id="manual__1", task_id="register", try_number=1)
+        context = {"ti": ti, "params": {}, "task": task}
+        task.pre_execute(context)
+        task.execute(context)
+        client = MlflowClient(uri)
+        logged = [f.path for f in client.list_artifacts(run.info.run_id, "feedback")]
+        metrics = client.get_run(run.info.run_id).data.metrics
+        copied = client.download_artifacts(run.info.run_id, "feedback/_label_overrides.csv", str(tmp_path))
+    assert logged == ["feedback/_label_overrides.csv"]
+    assert "where is my parcel,billing,shipping" in Path(copied).read_text()
+    assert (metrics["feedback.labels_changed"], metrics["feedback.added_rows"]) == (3, 2)
