@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparktune.core.params import PipelineParams
-from sparktune.data.data_version import feedback_line, read_version
+from sparktune.data.data_version import read_version
 from sparktune.data.quality_gx import (
     data_docs_dir,
     gx_context,
@@ -150,7 +150,6 @@ def run_quality_gate(
         statistics["feedback"] = {
             key: version.get(key) for key in ("corrections", "labels_changed", "added_rows", "overrides_uri")
         }
-        log.info("%s", feedback_line(version))
     report.statistics = {
         **statistics,
         "evaluated_expectations": report.evaluated,
