@@ -9,7 +9,7 @@ def test_defaults_are_valid_and_leave_the_recipe_to_the_base_model():
     assert params.min_quality_score == 0.85
     assert (params.min_chars, params.max_chars, params.max_length, params.split_seed) == (20, 2048, 512, 42)
     assert (params.lora_r, params.lora_alpha, params.lora_dropout) == (16, 32, 0.05)
-    assert params.prompt_template.startswith("[INST] Classify the intent")
+    assert params.prompt_template == ""  # the base model's chat template, else the [INST] one
     # Unset until training reads the base model (sparktune.model.recipes); a value the run sets is kept.
     assert (params.lora_target_modules, params.lora_modules_to_save) == ("auto", "auto")
     assert params.learning_rate is None and params.num_train_epochs is None

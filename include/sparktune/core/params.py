@@ -40,6 +40,8 @@ class ParamSpec:
     min_length: int | None = None
     # Strings only: a regular expression the trigger form checks the value against.
     pattern: str | None = None
+    # Strings only: the trigger form gives it a text area (a template spans lines).
+    multiline: bool = False
 
 
 PARAM_SPECS: tuple[ParamSpec, ...] = (
@@ -150,7 +152,7 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         MISTRAL_INSTRUCT_TEMPLATE,
         "Training text template with {text} and {label}; the model learns to complete what follows {text}.",
         section="Preparation",
-        min_length=1,
+        multiline=True,
     ),
     ParamSpec(
         "min_rows_per_label",
@@ -712,7 +714,9 @@ def _cross_field_problems(values: dict[str, Any]) -> list[str]:
     if values["min_chars"] > values["max_chars"]:
         problems.append(f"min_chars ({values['min_chars']}) is above max_chars ({values['max_chars']})")
     template = values["prompt_template"]
-    if "{text}" not in template or "{label}" not in template:
+    if not template:  # the base model's chat template, else the [INST] one (sparktune.core.prompt_format)
+        pass
+    elif "{text}" not in template or "{label}" not in template:
         problems.append("prompt_template: needs both {text} and {label} placeholders")
     elif template.index("{label}") < template.index("{text}"):
         problems.append("prompt_template: {label} must come after {text} (the model completes the label)")

@@ -45,6 +45,9 @@ TOKENIZER_FILES = (
     "tokenizer.model",
     "vocab.json",
     "merges.txt",
+    # transformers 5 saves a chat template beside the tokenizer: it shapes the prompts.
+    "chat_template.jinja",
+    "chat_template.json",
 )
 _HEX_DIGITS = 15  # 60 bits per slice: a sum over 10^12 rows still fits decimal(38, 0)
 

@@ -28,6 +28,7 @@ step counts :mod:`sparktune.data.prepare_report`, and the job that publishes the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ from sparktune.data.prepare_source import (
     quoted_column,
 )
 from sparktune.data.prepare_split import SPLITS, base_split, split_bucket, split_fixups
-from sparktune.data.prepare_tokens import token_counter
+from sparktune.data.prepare_tokens import load_tokenizer, token_counter
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -70,6 +71,8 @@ class PreparedData:
     findings: dict[str, str] = field(default_factory=dict)
     # label_conflicts_report(): the texts labelled differently in the source, and what was done.
     label_conflicts: dict[str, Any] = field(default_factory=dict)
+    # The template the prompts were built with (the run's, or the base model's chat template rendered).
+    prompt_template: str = ""
     _persisted: list[DataFrame] = field(default_factory=list, repr=False)
 
     def unpersist(self) -> None:
@@ -100,6 +103,29 @@ def _format_columns(template: str, text: Column, label: Column) -> tuple[Column,
         parts += [text, F.lit(piece)]
     # Texts are trimmed and non-empty here, so stripping only the template's tail is exact.
     return F.concat(*parts), F.concat(F.lit(whitespace), label, F.lit(after))
+
+
+class _PromptFormat:
+    """The run's prompt template for a label set (``prompt_format.effective_prompt_template``).
+
+    The tokenizer is loaded on the driver only when its chat template is needed: a set template or
+    a local folder without a chat template costs no transformers import (about 5 s per job)."""
+
+    def __init__(self, prompt_template: str, tokenizer_path: str, trust_remote_code: bool) -> None:
+        from sparktune.core.prompt_format import folder_has_chat_template
+
+        self.prompt_template = prompt_template
+        self.tokenizer_path = tokenizer_path
+        self.trust_remote_code = trust_remote_code
+        self.chat = not prompt_template and folder_has_chat_template(tokenizer_path) is not False
+
+    def template(self, labels: Callable[[], list[str]]) -> str:
+        from sparktune.core.prompt_format import effective_prompt_template
+
+        if not self.chat and "{labels}" not in self.prompt_template:
+            return effective_prompt_template(self.prompt_template, None, [])
+        tokenizer = load_tokenizer(self.tokenizer_path, self.trust_remote_code) if self.chat else None
+        return effective_prompt_template(self.prompt_template, tokenizer, labels())
 
 
 def content_key(text: Column) -> Column:
@@ -323,6 +349,14 @@ def prepare(
         ),
     )
     staged = staged.select("*", early_reason.alias("_reason"), early_detail.alias("_detail"))
+    # A chat-template prompt lists the labels (sparktune.core.prompt_format): tokens are counted with the
+    # labels of the rows that passed the checks so far, the rows are formatted with those of the kept
+    # rows. Kept rows are among them, so a count can only be over, never under, when a label loses
+    # every row to a later step.
+    prompt_format = _PromptFormat(params.prompt_template, tokenizer_path, params.trust_remote_code)
+    count_template = prompt_format.template(
+        lambda: [r[0] for r in staged.filter(F.col("_reason").isNull()).select("label").distinct().collect()]
+    )
 
     # Dedupe among the rows that survived the earlier steps only. The explicit repartition sizes
     # the shuffle by the input, not by spark.sql.shuffle.partitions: the result is cached, and
@@ -408,7 +442,7 @@ def prepare(
     # only: rejected rows and duplicates get null and cost the tokenizer nothing.
     survivor = F.col("_reason2").isNull()
     staged = staged.select("*", F.when(survivor, text).alias("text"))
-    prompt, completion = _format_columns(params.prompt_template, F.col("text"), F.col("label"))
+    prompt, completion = _format_columns(count_template, F.col("text"), F.col("label"))
     n_tokens = token_counter(tokenizer_path, params.trust_remote_code)(
         F.when(survivor, F.concat(prompt, completion))
     )
@@ -530,7 +564,12 @@ def prepare(
             .when(F.col("example_id").isin(to_validation), "validation")
             .otherwise(split)
         )
-    prompt, completion = _format_columns(params.prompt_template, F.col("text"), F.col("label"))
+    prompt_template = prompt_format.template(lambda: list(per_label))
+    if prompt_template != count_template:
+        log.info(
+            "the kept rows have fewer labels than were counted with; their prompts list %s", list(per_label)
+        )
+    prompt, completion = _format_columns(prompt_template, F.col("text"), F.col("label"))
     rows = kept.select(
         "example_id",
         "text",
@@ -555,5 +594,6 @@ def prepare(
         quality_used=quality_col is not None,
         findings=findings,
         label_conflicts=conflicts,
+        prompt_template=prompt_template,
         _persisted=[annotated],
     )

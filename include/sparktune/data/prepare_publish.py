@@ -125,6 +125,7 @@ def run_prepare(
         "source_uri": source_uri,
         "source_format": fmt,
         "label_conflicts": prepared.label_conflicts,
+        "prompt_template": prepared.prompt_template,
     }
     version = read_version(spark, source_uri)
     if version is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sparktune.core.params import PipelineParams, parse_params
+from sparktune.core.prompt_format import effective_prompt_template
 from sparktune.core.provenance import code_fingerprint, code_version
 from sparktune.model.logged_model import (
     MODEL_ARTIFACT,
@@ -363,7 +364,11 @@ def _train_in_run(
     spec = {
         "task": params.task,
         "labels": list(labels),
-        "prompt_template": "" if classify else params.prompt_template,
+        # The template prepare_data built the rows with: the same function over the same label set
+        # (the dataset's, sorted) and tokenizer gives the same string.
+        "prompt_template": ""
+        if classify
+        else effective_prompt_template(params.prompt_template, tokenizer, labels),
         # Whoever loads the model loads it as training did: its own code only if trusted here.
         "trust_remote_code": params.trust_remote_code,
     }

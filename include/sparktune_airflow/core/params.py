@@ -45,7 +45,7 @@ def _param(spec: ParamSpec) -> Param:
         schema["minimum"] = spec.minimum
     if spec.maximum is not None:
         schema["maximum"] = spec.maximum
-    if spec.type == "string" and "\n" in str(spec.default):
+    if spec.type == "string" and (spec.multiline or "\n" in str(spec.default)):
         schema["format"] = "multiline"
     default = NOTSET if required_without_default else spec.default
     return form_param(default, description=spec.description, **schema)
