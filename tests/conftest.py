@@ -70,6 +70,7 @@ SHARED_GROUPS = {
 LONGEST_FIRST = (
     "tests/e2e/test_llm_finetune_dag.py",
     "stack",
+    "tests/e2e/test_real_models.py",
     "tests/e2e/test_llm_finetune_failures.py",
     "standalone-cluster",
     "tests/operators/test_registry_outage.py",

@@ -30,3 +30,100 @@ def run_dag(home: Path, dag: str, conf: dict, *, timeout: int = 600) -> subproce
 def output_tail(result: subprocess.CompletedProcess, chars: int = 8000) -> str:
     """The end of a run's stdout and stderr, for an assertion message."""
     return result.stdout[-chars:] + result.stderr[-chars:]
+
+
+# --- one prediction path: what evaluation scored is what every way of using the model answers ---
+
+
+def evaluated_split(home: Path, model_name: str, folder: Path) -> dict:
+    """The champion's evaluation of its test split, row by row (its logged ``predictions.csv``),
+    beside the split's texts: ``{"champion", "rows", "texts", "folder"}``."""
+    import csv
+
+    import datasets
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    champion = client.get_model_version_by_alias(model_name, "champion")
+    local = client.download_artifacts(champion.run_id, "evaluation/predictions.csv", str(folder))
+    with open(local, newline="") as handle:
+        evaluated = {row["example_id"]: row for row in csv.DictReader(handle)}
+    fingerprint = champion.tags["data_fingerprint"]
+    test = datasets.load_from_disk(str(home / "lake" / "datasets" / fingerprint))["test"]
+    texts = dict(zip(test["example_id"], test["text"], strict=True))
+    assert set(evaluated) == set(texts)
+    return {"champion": champion, "rows": evaluated, "texts": texts, "folder": Path(local).parent}
+
+
+def assert_same_predictions(where: str, evaluated: dict, predictions: dict, scores: dict) -> None:
+    """``predictions`` and ``scores`` (by example id) are evaluation's, row by row."""
+    assert set(predictions) == set(evaluated), where
+    differ = [i for i, row in evaluated.items() if predictions[i] != row["prediction"]]
+    assert not differ, (
+        f"{where}: {len(differ)} of {len(evaluated)} rows differ from evaluation, e.g. {differ[:3]}"
+    )
+    worst = max(abs(scores[i] - float(row["score"])) for i, row in evaluated.items())
+    assert worst < 1e-4, f"{where}: scores differ from evaluation's by up to {worst:.2g}"
+
+
+def pyfunc_answers(home: Path, model_uri: str, texts: list[str]) -> dict:
+    """``mlflow.pyfunc.load_model(model_uri).predict(texts)`` against the home's store, MLflow's
+    global tracking URI left as it was."""
+    import mlflow
+
+    try:
+        from tests import leak_guard
+    except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+        import leak_guard
+
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+        return mlflow.pyfunc.load_model(model_uri).predict(texts)
+
+
+def served_answers(home: Path, texts: list[str], captures: Path, *, model_name: str = "") -> list[dict]:
+    """make serve's server over the champion (``model_name``: another registered model), sent
+    ``texts`` over HTTP in requests of 16; its answers, in order. The server stops gracefully, which
+    writes its buffered captures under ``captures``."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in SESSION_ONLY}
+    env["SPARKTUNE_HOME"] = str(home)
+    log = home / "serving.log"
+    command = [sys.executable, "-m", "sparktune.serve", f"--port={port}", f"--capture-uri={captures}"]
+    command.append(f"--tracking-uri=sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    if model_name:
+        command.append(f"--model-name={model_name}")
+    with log.open("w") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    answers: list[dict] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        for begin in range(0, len(texts), 16):
+            rows = [[text] for text in texts[begin : begin + 16]]
+            body = json.dumps({"dataframe_split": {"columns": ["text"], "data": rows}}).encode()
+            request = urllib.request.Request(
+                f"{url}/invocations", body, {"Content-Type": "application/json"}, method="POST"
+            )
+            with urllib.request.urlopen(request, timeout=120) as reply:
+                answers.extend(json.loads(reply.read())["predictions"])
+    finally:
+        server.send_signal(signal.SIGTERM)  # a graceful stop writes the buffered captures
+        server.wait(60)
+    return answers

@@ -21,8 +21,10 @@ import pytest
 
 try:
     from tests import leak_guard
+    from tests.e2e.dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers, served_answers
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
     import leak_guard
+    from dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers, served_answers
 
 pytestmark = pytest.mark.e2e
 
@@ -219,44 +221,17 @@ def _started_tasks(output: str) -> set[str]:
 def evaluated_test_split(home, happy_run, tmp_path_factory) -> dict:
     """The champion's evaluation of the test split, row by row (its logged predictions.csv),
     beside the split's texts."""
-    import csv
-
-    import datasets
-
-    client = _client(home)
-    champion = client.get_model_version_by_alias("support-intent", "champion")
-    local = client.download_artifacts(
-        champion.run_id, "evaluation/predictions.csv", str(tmp_path_factory.mktemp("parity"))
-    )
-    with open(local, newline="") as handle:
-        evaluated = {row["example_id"]: row for row in csv.DictReader(handle)}
-    test = datasets.load_from_disk(str(home / "lake" / "datasets" / champion.tags["data_fingerprint"]))[
-        "test"
-    ]
-    texts = dict(zip(test["example_id"], test["text"], strict=True))
-    assert set(evaluated) == set(texts) and len(texts) > 100
-    return {"champion": champion, "rows": evaluated, "texts": texts, "folder": Path(local).parent}
-
-
-def _assert_same_predictions(where: str, evaluated: dict, predictions: dict, scores: dict) -> None:
-    assert set(predictions) == set(evaluated), where
-    differ = [i for i, row in evaluated.items() if predictions[i] != row["prediction"]]
-    assert not differ, (
-        f"{where}: {len(differ)} of {len(evaluated)} rows differ from evaluation, e.g. {differ[:3]}"
-    )
-    worst = max(abs(scores[i] - float(row["score"])) for i, row in evaluated.items())
-    assert worst < 1e-4, f"{where}: scores differ from evaluation's by up to {worst:.2g}"
+    split = evaluated_split(home, "support-intent", tmp_path_factory.mktemp("parity"))
+    assert len(split["texts"]) > 100
+    return split
 
 
 def test_the_registered_pyfunc_predicts_what_evaluation_scored(home, evaluated_test_split):
-    import mlflow
-
     ids = list(evaluated_test_split["texts"])
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
-        model = mlflow.pyfunc.load_model("models:/support-intent@champion")
-        answers = model.predict([evaluated_test_split["texts"][i] for i in ids])
-    _assert_same_predictions(
+    answers = pyfunc_answers(
+        home, "models:/support-intent@champion", [evaluated_test_split["texts"][i] for i in ids]
+    )
+    assert_same_predictions(
         "mlflow.pyfunc.load_model('models:/support-intent@champion')",
         evaluated_test_split["rows"],
         dict(zip(ids, answers["prediction"], strict=True)),
@@ -266,58 +241,16 @@ def test_the_registered_pyfunc_predicts_what_evaluation_scored(home, evaluated_t
 
 def test_the_serving_endpoint_answers_what_evaluation_scored_and_captures_it(home, evaluated_test_split):
     """make serve's server over the champion, sent the test split over HTTP in requests of 16 texts."""
-    import signal
-    import socket
-    import time
-    import urllib.request
-
     import pyarrow.dataset as ds
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     captures = evaluated_test_split["folder"] / "serving_captures"
-    env = {k: v for k, v in os.environ.items() if k not in _SESSION_ONLY}
-    env["SPARKTUNE_HOME"] = str(home)
-    log = home / "serving.log"
-    with log.open("w") as out:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "sparktune.serve", f"--port={port}", f"--capture-uri={captures}"]
-            + [f"--tracking-uri=sqlite:///{home / 'mlflow' / 'mlflow.db'}"],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
     ids = list(evaluated_test_split["texts"])
-    answers: list[dict] = []
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/ping", timeout=5) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.2)
-        for begin in range(0, len(ids), 16):
-            texts = [[evaluated_test_split["texts"][i]] for i in ids[begin : begin + 16]]
-            body = json.dumps({"dataframe_split": {"columns": ["text"], "data": texts}}).encode()
-            request = urllib.request.Request(
-                f"{url}/invocations", body, {"Content-Type": "application/json"}, method="POST"
-            )
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                answers.extend(json.loads(reply.read())["predictions"])
-    finally:
-        server.send_signal(signal.SIGTERM)  # a graceful stop writes the buffered captures
-        server.wait(60)
+    answers = served_answers(home, [evaluated_test_split["texts"][i] for i in ids], captures)
     champion = evaluated_test_split["champion"]
     assert {(a["model_name"], a["model_version"]) for a in answers} == {
         ("support-intent", str(champion.version))
     }
-    _assert_same_predictions(
+    assert_same_predictions(
         "the serving endpoint",
         evaluated_test_split["rows"],
         {i: a["prediction"] for i, a in zip(ids, answers, strict=True)},
@@ -393,7 +326,7 @@ def test_batch_inference_over_spark_predicts_what_evaluation_scored(
     table = table[table["id"].str.startswith(TEST_SPLIT_ID)]
     ids = table["id"].str.removeprefix(TEST_SPLIT_ID)
     assert set(table["model_version"]) == {str(evaluated_test_split["champion"].version)}
-    _assert_same_predictions(
+    assert_same_predictions(
         "the batch_inference DAG",
         evaluated_test_split["rows"],
         dict(zip(ids, table["prediction"], strict=True)),

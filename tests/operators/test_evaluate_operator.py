@@ -85,6 +85,8 @@ class FakeSubprocessHook:
     commands: list[list[str]] = []
     # The labels the champion's evaluation records as its model's (None: none recorded).
     champion_labels: list[str] | None = None
+    # What the job writes for the base model: its result, or (a classifier) not applicable.
+    base_model_applicable: bool = True
 
     def run_command(self, command, env=None):
         from sparktune.release.evaluation import confusion_matrix_figure, write_predictions_csv
@@ -102,7 +104,34 @@ class FakeSubprocessHook:
             write_predictions_csv(result, args[f"{prefix}predictions"])
         if "--baseline-output" in args:
             Path(args["--baseline-output"]).write_text(_baseline_result().to_json())
+        if "--base-model-output" in args:
+            _write_base_model(args)
         return SimpleNamespace(exit_code=0, output="sparktune-evaluate ok")
+
+
+def _write_base_model(args: dict[str, str]) -> None:
+    """What the job writes for the base model: right on half the rows (chance on 2 labels), or
+    why a sequence classifier's base is not scored."""
+    from sparktune.release import base_model_eval
+    from sparktune.release.evaluation import confusion_matrix_figure, label_result, write_predictions_csv
+
+    if not FakeSubprocessHook.base_model_applicable:
+        reason = base_model_eval.not_applicable_reason("sequence_classification")
+        outcome = base_model_eval.BaseModelOutcome(
+            base_model_eval.NOT_APPLICABLE, args["--base-model"], reason
+        )
+        base_model_eval.write_outcome(outcome, args["--base-model-output"])
+        return
+    truth = [LABELS[i % 2] for i in range(200)]
+    predicted = [LABELS[0]] * 200
+    result = label_result(
+        truth, predicted, LABELS, example_loss=[9.0] * 200, example_tokens=[2] * 200,
+        model_uri=args["--base-model"], split="test", example_ids=[f"row-{i}" for i in range(200)],
+        scores=[0.5] * 200,
+    )  # fmt: skip
+    Path(args["--base-model-output"]).write_text(result.to_json())
+    confusion_matrix_figure(result, args["--base-model-confusion-matrix"])
+    write_predictions_csv(result, args["--base-model-predictions"])
 
 
 def _baseline_result(n: int = 200):
@@ -125,6 +154,7 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     monkeypatch.setattr(domain_cli, "SubprocessHook", FakeSubprocessHook)
     FakeSubprocessHook.commands = []
     FakeSubprocessHook.champion_labels = None
+    FakeSubprocessHook.base_model_applicable = True
     # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
     # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
     client = MLflowHook(mlflow_conn_id=None).get_conn()
@@ -136,7 +166,7 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     return SimpleNamespace(client=client, runs=runs)
 
 
-def _operator(registry, version: str):
+def _operator(registry, version: str, **kwargs):
     from sparktune_airflow import EvaluateModelOperator
 
     return EvaluateModelOperator(
@@ -145,6 +175,7 @@ def _operator(registry, version: str):
         version=version,
         dataset_uri="/datasets/fp1",
         run_id=registry.runs[int(version) - 1],
+        **kwargs,
     )
 
 
@@ -224,6 +255,80 @@ def test_the_baseline_is_scored_on_the_same_rows_and_logged_beside_the_model(reg
     assert metrics["vs_baseline_accuracy_diff"] == pytest.approx(0.895 - 0.95)
     assert metrics["vs_baseline_accuracy_ci_low"] < -0.055 < metrics["vs_baseline_accuracy_ci_high"]
     assert summary["baseline"] == {k: v for k, v in metrics.items() if "baseline" in k}
+
+
+def test_the_base_model_the_run_trained_from_is_scored_and_logged_as_information(registry):
+    client = registry.client
+    # Training tags its run with the base model it fine-tuned (resolved: a folder or a hub id).
+    client.set_tag(registry.runs[1], "sparktune.base_model", "/models/base/tiny-llama")
+
+    summary = _operator(registry, "2").execute({"ti": FakeTaskInstance()})
+
+    [command] = FakeSubprocessHook.commands
+    assert command[command.index("--base-model") + 1] == "/models/base/tiny-llama"
+    assert command[command.index("--base-model-output") + 1].endswith("eval_base_model.json")
+    run = client.get_run(registry.runs[1]).data
+    metrics = run.metrics
+    assert metrics["base_model_accuracy"] == 0.5 and metrics["base_model_loss"] == pytest.approx(4.5)
+    assert metrics["base_model_accuracy_ci_low"] < 0.5 < metrics["base_model_accuracy_ci_high"]
+    assert {"base_model_macro_f1", "base_model_macro_f1_ci_low", "base_model_macro_f1_ci_high"} <= set(
+        metrics
+    )
+    # Paired as the baseline is: the challenger (0.895) is 0.395 ahead of its base on the same rows.
+    assert metrics["vs_base_model_accuracy_diff"] == pytest.approx(0.895 - 0.5)
+    assert 0 < metrics["vs_base_model_accuracy_ci_low"] < 0.395 < metrics["vs_base_model_accuracy_ci_high"]
+    assert "vs_base_model_macro_f1_ci_low" in metrics
+    assert run.tags["sparktune.base_model_eval"] == "scored"
+    assert summary["base_model"] == {
+        "status": "scored",
+        "base_model": "/models/base/tiny-llama",
+        "reason": "",
+        "metrics": {k: v for k, v in metrics.items() if "base_model" in k},
+    }
+    assert {
+        "evaluation/eval_base_model.json",
+        "evaluation/base_model_predictions.csv",
+        "evaluation/base_model_confusion_matrix.png",
+    } <= set(_artifacts(client, registry.runs[1]))
+
+    # The gate reads none of it: the same decision with or without the base model's numbers.
+    decision = _gate(registry, summary, min_accuracy=0.7, min_margin_over_baseline=-0.2).execute({})
+    without = _gate(
+        registry, {**summary, "base_model": None}, min_accuracy=0.7, min_margin_over_baseline=-0.2
+    )
+    assert decision == without.execute({})
+    assert not any("base_model" in reason or "base model" in reason for reason in decision["reasons"])
+
+
+def test_a_classifiers_base_model_is_reported_not_applicable(registry):
+    FakeSubprocessHook.base_model_applicable = False
+
+    summary = _operator(registry, "1", base_model="/models/base/minilm").execute({"ti": FakeTaskInstance()})
+
+    assert summary["base_model"]["status"] == "not_applicable"
+    assert summary["base_model"]["reason"].startswith("task=sequence_classification: the base model has no")
+    run = registry.client.get_run(registry.runs[0]).data
+    assert not any("base_model" in name for name in run.metrics)
+    assert run.tags["sparktune.base_model_eval"] == "not_applicable"
+    assert run.tags["sparktune.base_model_eval.reason"] == summary["base_model"]["reason"]
+    artifacts = set(_artifacts(registry.client, registry.runs[0]))
+    assert "evaluation/eval_base_model.json" in artifacts  # why, for whoever opens the run
+    assert "evaluation/base_model_predictions.csv" not in artifacts
+
+
+def test_a_run_can_skip_the_base_model_and_one_without_a_recorded_base_says_why(registry):
+    skipped = _operator(registry, "1", pipeline_params={"evaluate_base_model": False}).execute(
+        {"ti": FakeTaskInstance()}
+    )
+    assert "--base-model" not in FakeSubprocessHook.commands[-1]
+    assert skipped["base_model"]["status"] == "skipped"
+    assert skipped["base_model"]["reason"] == "evaluate_base_model=false"
+
+    unknown = _operator(registry, "1").execute({"ti": FakeTaskInstance()})  # no sparktune.base_model tag
+    assert "--base-model" not in FakeSubprocessHook.commands[-1]
+    assert unknown["base_model"]["status"] == "not_scored"
+    assert "records no base model (tag sparktune.base_model)" in unknown["base_model"]["reason"]
+    assert registry.client.get_run(registry.runs[0]).data.tags["sparktune.base_model_eval"] == "not_scored"
 
 
 def test_without_a_champion_only_the_challenger_is_evaluated_and_logged(registry):

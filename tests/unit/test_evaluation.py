@@ -430,3 +430,112 @@ def test_cli_scores_a_champion_of_another_label_set_and_pairs_the_shared_label_r
         change.n_rows == 16 and change.n_shared_rows == 8
     )  # the labels take turns: half are billing or login
     assert compare_result_files(tmp_path / "challenger.json", tmp_path / "champion.json").n_examples == 8
+
+
+# --------------------------------------------------------------------------------------------
+# What fine-tuning added: the base model scored as the challenger is, on the same rows
+
+
+def _base_model_args(root, full_run, tmp_path, base_model: str) -> list[str]:
+    args = ["--model-uri", full_run.model_uri, "--dataset-path", str(root / "data")]
+    args += ["--tracking-uri", tiny_model.tracking_uri(root), "--output", str(tmp_path / "challenger.json")]
+    args += ["--base-model", base_model, "--base-model-output", str(tmp_path / "base_model.json")]
+    return args
+
+
+def test_cli_scores_the_base_model_on_the_same_rows_and_the_trained_model_beats_it(
+    root, full_run, tmp_path, capsys
+):
+    from sparktune.jobs.evaluate import main
+    from sparktune.release import base_model_eval
+    from sparktune.release.comparison import compare_result_files
+    from sparktune.release.evaluation import EvalResult
+
+    # The full fine-tune started from root/model: a randomly initialised LLaMA, chance at best.
+    base = str(root / "model")
+    assert main(_base_model_args(root, full_run, tmp_path, base)) == 0
+    challenger = EvalResult.from_dict(json.loads((tmp_path / "challenger.json").read_text()))
+    written = base_model_eval.read_output(tmp_path / "base_model.json")
+    assert isinstance(written, EvalResult)
+    assert written.model_uri == base and written.n_examples == challenger.n_examples == 48
+    assert written.example_ids == challenger.example_ids and written.labels == challenger.labels
+    # The same constrained scoring over the challenger's labels: every answer is one of them.
+    assert written.n_invalid == 0 and set(written.model_labels) == set(tiny_model.LABELS)
+    assert written.eval_loss > 3.0 > challenger.eval_loss  # untrained: spread over the vocabulary
+    assert (tmp_path / "base_model_predictions.csv").read_text().count("\n") == 49
+    assert (tmp_path / "base_model_confusion.png").read_bytes()[:8] == PNG_MAGIC
+
+    # Paired exactly as the baseline is: challenger minus base model, same resamples of the rows.
+    paired = compare_result_files(tmp_path / "challenger.json", tmp_path / "base_model.json")
+    outcome = base_model_eval.scored(base, written, paired)
+    metrics = outcome.metrics
+    assert metrics["base_model_accuracy"] == written.eval_accuracy <= 0.5
+    assert (
+        metrics["base_model_accuracy_ci_low"]
+        <= written.eval_accuracy
+        <= metrics["base_model_accuracy_ci_high"]
+    )
+    assert {
+        "base_model_macro_f1",
+        "base_model_macro_f1_ci_low",
+        "base_model_loss",
+        "base_model_loss_ci_high",
+    } <= set(metrics)
+    diff = metrics["vs_base_model_accuracy_diff"]
+    assert diff == pytest.approx(challenger.eval_accuracy - written.eval_accuracy)
+    # The trained model beats its untrained base, and 48 rows leave no doubt about the sign.
+    assert (
+        0 < metrics["vs_base_model_accuracy_ci_low"] <= diff <= metrics["vs_base_model_accuracy_ci_high"] <= 1
+    )
+    assert metrics["vs_base_model_macro_f1_ci_low"] > 0
+    assert f"sparktune-evaluate model={base} split=test n=48" in capsys.readouterr().out
+
+
+def test_the_base_model_takes_the_challengers_prompt_template_and_tokenizer(root):
+    from sparktune.core.label_scoring import CAUSAL_LM, LabelSpec
+    from sparktune.release.eval_inputs import load_base_label_model
+
+    # Not the pipeline's default: the base model must be prompted as the challenger was trained.
+    spec = LabelSpec(CAUSAL_LM, tiny_model.LABELS, "Ticket: {text}\nIntent: {label}")
+    tokenizer = tiny_model.build_tokenizer()
+    scorer = load_base_label_model(str(root / "model"), spec, tokenizer, batch_size=4)
+    assert scorer.spec == spec and scorer.tokenizer is tokenizer
+    predictions, scores = scorer.predict(["my invoice was charged twice", "where is my parcel"])
+    assert set(predictions) <= set(tiny_model.LABELS) and all(0 < s <= 1 for s in scores)
+
+
+def test_a_classifiers_base_model_is_not_applicable_and_not_loaded(root, tmp_path, capsys):
+    from sparktune.jobs.evaluate import main
+    from sparktune.release import base_model_eval
+
+    challenger = _classifier(tmp_path / "classifier", list(tiny_model.LABELS))
+    args = ["--model-uri", challenger, "--dataset-path", str(root / "data"), "--max-examples", "8"]
+    args += ["--output", str(tmp_path / "challenger.json"), "--bootstrap-resamples", "0"]
+    # A folder that does not exist: loading it would report "not scored", not "not applicable".
+    args += ["--base-model", str(tmp_path / "absent"), "--base-model-output", str(tmp_path / "base.json")]
+    assert main(args) == 0
+    outcome = base_model_eval.read_output(tmp_path / "base.json")
+    assert isinstance(outcome, base_model_eval.BaseModelOutcome)
+    assert outcome.status == base_model_eval.NOT_APPLICABLE and outcome.metrics == {}
+    assert (
+        "task=sequence_classification" in outcome.reason
+        and "no trained classification head" in outcome.reason
+    )
+    assert not (tmp_path / "base_predictions.csv").exists()
+    assert "Base model before fine-tuning" in capsys.readouterr().out and "not applicable" in (
+        base_model_eval.describe(outcome)
+    )
+
+
+def test_a_base_model_that_cannot_be_loaded_is_reported_and_the_challenger_stands(root, full_run, tmp_path):
+    from sparktune.jobs.evaluate import main
+    from sparktune.release import base_model_eval
+
+    args = _base_model_args(root, full_run, tmp_path, str(tmp_path / "gone"))
+    assert main([*args, "--max-examples", "8", "--bootstrap-resamples", "0"]) == 0
+    assert json.loads((tmp_path / "challenger.json").read_text())["n_examples"] == 8
+    outcome = base_model_eval.read_output(tmp_path / "base_model.json")
+    assert outcome.status == base_model_eval.NOT_SCORED
+    assert "does not exist" in outcome.reason and "evaluate_base_model=false" in outcome.reason
+    with pytest.raises(SystemExit):  # where its result goes is not optional
+        main(args[: args.index("--base-model-output")])

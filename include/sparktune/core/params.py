@@ -500,6 +500,15 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
         section="Promotion",
     ),
     ParamSpec(
+        "evaluate_base_model",
+        "boolean",
+        True,
+        "evaluate also scores the base model before fine-tuning (causal_lm: the challenger's labels and "
+        "prompt, the same test rows), beside the baseline: what fine-tuning added, as information, no gate "
+        "rule. Costs one more model load and scoring pass. Off: skipped.",
+        section="Promotion",
+    ),
+    ParamSpec(
         "allow_label_change",
         "boolean",
         False,
@@ -568,6 +577,7 @@ RECIPE_FIELDS = (
 RUN_SWITCHES = frozenset(
     {
         "force_retrain",
+        "evaluate_base_model",
         "merge_feedback",
         "trust_remote_code",
         "train_timeout_minutes",
@@ -634,6 +644,7 @@ class PipelineParams:
     max_class_regression: float
     smoke_max_invalid_rate: float
     min_margin_over_baseline: float = -0.05
+    evaluate_base_model: bool = True
     allow_label_change: bool = False
     merge_feedback: bool = True
     force_retrain: bool = False

@@ -1,5 +1,6 @@
-"""The evaluate job: scores a model (and the champion and the TF-IDF baseline) on one split and
-writes each result JSON, predictions CSV and confusion matrix; what ``EvaluateModelOperator`` runs.
+"""The evaluate job: scores a model (and the champion, the TF-IDF baseline and the base model before
+fine-tuning) on one split and writes each result JSON, predictions CSV and confusion matrix; what
+``EvaluateModelOperator`` runs.
 
     python -m sparktune.jobs.evaluate --model-uri models:/NAME/3 --dataset-path DATASET --output r.json
 
@@ -12,18 +13,21 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from sparktune.core.model_safety import UnsafeModelError
 from sparktune.model.process_setup import configure_process_logging
-from sparktune.release.eval_inputs import EvaluationInputError, label_strings, load_split
+from sparktune.release.eval_inputs import EvaluationInputError, LabelScorer, label_strings, load_split
 from sparktune.release.evaluation import (
     BASELINE_MAX_TRAIN_ROWS,
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     confusion_matrix_figure,
     evaluate_model,
+    load_for_evaluation,
     write_predictions_csv,
 )
+from sparktune.release.metrics import EvalResult
 
 logger = logging.getLogger("sparktune.jobs.evaluate")
 
@@ -97,11 +101,41 @@ def main(argv: list[str] | None = None) -> int:
         default=BASELINE_MAX_TRAIN_ROWS,
         help="The baseline trains on a seeded sample of at most this many train rows.",
     )
+    parser.add_argument(
+        "--base-model",
+        default=None,
+        help="Also score this base model (the folder or hub id the model was fine-tuned from) with the "
+        "model's own labels, prompt template and tokenizer, on the same rows; its files go to the "
+        "--base-model-* paths. A sequence classifier's base (no trained head) is reported as not applicable.",
+    )
+    parser.add_argument(
+        "--base-model-output",
+        default=None,
+        help="The base model's result JSON, or why it was not scored (sparktune.release.base_model_eval).",
+    )
+    parser.add_argument("--base-model-predictions", default=None, help="The base model's predictions CSV.")
+    parser.add_argument(
+        "--base-model-confusion-matrix", default=None, help="The base model's confusion matrix PNG."
+    )
     args = parser.parse_args(argv)
     if args.champion_model_uri and not args.champion_output:
         parser.error("--champion-model-uri needs --champion-output")
-    # One process for both models: torch, transformers and MLflow are imported once (about 7 s).
-    code = _evaluate_and_write(args, args.model_uri, args.output, args.predictions, args.confusion_matrix)
+    if args.base_model and not args.base_model_output:
+        parser.error("--base-model needs --base-model-output")
+    challenger: LabelScorer | None = None
+    if args.base_model:
+        # Loaded here rather than inside evaluate_model: the base model is scored with the
+        # challenger's label spec (its logged labels and prompt template) and its tokenizer.
+        code, challenger = _load(args, args.model_uri)
+        if code:
+            return code
+    # One process for every model: torch, transformers and MLflow are imported once (about 7 s).
+    code = _evaluate_and_write(
+        args, args.model_uri, args.output, args.predictions, args.confusion_matrix, scorer=challenger
+    )
+    # Only the challenger's label spec and tokenizer are kept: its weights go before the next model loads.
+    kept = (challenger.spec, challenger.tokenizer) if challenger is not None else None
+    challenger = None
     if code == 0 and args.champion_model_uri:
         code = _evaluate_and_write(
             args,
@@ -114,7 +148,75 @@ def main(argv: list[str] | None = None) -> int:
         )
     if code == 0 and args.baseline_output:
         code = _baseline_and_write(args)
+    if code == 0 and kept is not None:
+        code = _base_model_and_write(args, *kept)
     return code
+
+
+def _load(args: argparse.Namespace, model_uri: str) -> tuple[int, LabelScorer | None]:
+    """(the CLI's exit code, the model loaded as evaluate_model loads it)."""
+    try:
+        return 0, load_for_evaluation(
+            model_uri,
+            args.dataset_path,
+            split=args.split,
+            max_examples=args.max_examples,
+            tracking_uri=args.tracking_uri,
+            trust_remote_code=args.trust_remote_code == "true",
+            prompt_template=args.prompt_template,
+            batch_size=args.batch_size,
+        )
+    except (EvaluationInputError, UnsafeModelError) as err:
+        logger.error("%s", err)
+        return 2, None
+    except Exception:
+        logger.exception("Loading %s failed", model_uri)
+        return 1, None
+
+
+def _base_model_and_write(args: argparse.Namespace, spec: Any, tokenizer: Any) -> int:
+    """Score the base model as the challenger (``spec``, ``tokenizer``) is scored and write its files,
+    or write why it was not scored; the CLI's exit code.
+
+    The numbers are information (no gate rule reads them): a base model that cannot be loaded or
+    scored here is reported as not scored, with the reason, and the challenger's numbers stand.
+    """
+    from sparktune.release import base_model_eval
+    from sparktune.release.eval_inputs import load_base_label_model
+
+    reason = base_model_eval.not_applicable_reason(str(spec.task))
+    if reason is not None:
+        outcome = base_model_eval.BaseModelOutcome(base_model_eval.NOT_APPLICABLE, args.base_model, reason)
+    else:
+        try:
+            scorer = load_base_label_model(
+                args.base_model,
+                spec,
+                tokenizer,
+                trust_remote_code=args.trust_remote_code == "true",
+                batch_size=args.batch_size,
+            )
+            result = _evaluate(args, args.base_model, scorer=scorer)
+        except Exception as err:
+            logger.warning("The base model %s was not scored.", args.base_model, exc_info=True)
+            outcome = base_model_eval.BaseModelOutcome(
+                base_model_eval.NOT_SCORED,
+                args.base_model,
+                f"{type(err).__name__}: {err} ({base_model_eval.SKIP_HINT})",
+            )
+        else:
+            _write(
+                args,
+                args.base_model,
+                result,
+                args.base_model_output,
+                args.base_model_predictions,
+                args.base_model_confusion_matrix,
+            )
+            return 0
+    base_model_eval.write_outcome(outcome, args.base_model_output)
+    print(f"sparktune-evaluate {base_model_eval.describe(outcome)}", flush=True)
+    return 0
 
 
 def _baseline_and_write(args: argparse.Namespace) -> int:
@@ -161,28 +263,54 @@ def _evaluate_and_write(
     figure: str | None,
     *,
     allow_other_labels: bool = False,
+    scorer: LabelScorer | None = None,
 ) -> int:
-    """Evaluate one model with the CLI's settings and write its files; the CLI's exit code."""
+    """Evaluate one model (``scorer``: already loaded) with the CLI's settings and write its files;
+    the CLI's exit code."""
     try:
-        result = evaluate_model(
-            model_uri,
-            args.dataset_path,
-            split=args.split,
-            batch_size=args.batch_size,
-            max_examples=args.max_examples,
-            tracking_uri=args.tracking_uri,
-            bootstrap_resamples=args.bootstrap_resamples,
-            bootstrap_seed=args.bootstrap_seed,
-            trust_remote_code=args.trust_remote_code == "true",
-            prompt_template=args.prompt_template,
-            allow_other_labels=allow_other_labels,
-        )
+        result = _evaluate(args, model_uri, allow_other_labels=allow_other_labels, scorer=scorer)
     except (EvaluationInputError, UnsafeModelError) as err:
         logger.error("%s", err)
         return 2
     except Exception:
         logger.exception("Evaluation of %s failed", model_uri)
         return 1
+    _write(args, model_uri, result, output_path, predictions, figure)
+    return 0
+
+
+def _evaluate(
+    args: argparse.Namespace,
+    model_uri: str,
+    *,
+    allow_other_labels: bool = False,
+    scorer: LabelScorer | None = None,
+) -> EvalResult:
+    return evaluate_model(
+        model_uri,
+        args.dataset_path,
+        split=args.split,
+        batch_size=args.batch_size,
+        max_examples=args.max_examples,
+        tracking_uri=args.tracking_uri,
+        bootstrap_resamples=args.bootstrap_resamples,
+        bootstrap_seed=args.bootstrap_seed,
+        trust_remote_code=args.trust_remote_code == "true",
+        prompt_template=args.prompt_template,
+        allow_other_labels=allow_other_labels,
+        scorer=scorer,
+    )
+
+
+def _write(
+    args: argparse.Namespace,
+    model_uri: str,
+    result: EvalResult,
+    output_path: str,
+    predictions: str | None,
+    figure: str | None,
+) -> None:
+    """One model's result JSON, predictions CSV and confusion matrix PNG, and its line on stdout."""
     output = Path(output_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(result.to_json())
@@ -199,7 +327,6 @@ def _evaluate_and_write(
         f"macro_f1={result.eval_macro_f1:.4f}",
         flush=True,
     )
-    return 0
 
 
 if __name__ == "__main__":

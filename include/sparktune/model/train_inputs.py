@@ -58,15 +58,28 @@ def load_train_dataset(path: str, columns: tuple[str, ...] = REQUIRED_COLUMNS) -
     return dataset
 
 
-def load_train_tokenizer(base_model: str, *, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The base model's tokenizer, which must have an eos token; padding reuses it when unset."""
+def load_train_tokenizer(
+    base_model: str, *, trust_remote_code: bool = False, task: str = "causal_lm"
+) -> PreTrainedTokenizerBase:
+    """The base model's tokenizer; padding reuses eos when unset.
+
+    A causal LM needs an eos token: it ends every completion, so the model learns where a label
+    ends. A classification head reads the text alone and needs only a pad token (an encoder such
+    as BERT has one and no eos)."""
     from sparktune.core.model_safety import load_tokenizer
 
     tokenizer = load_tokenizer(base_model, trust_remote_code=trust_remote_code)
-    if tokenizer.eos_token is None:
+    if task == "sequence_classification":
+        if tokenizer.pad_token is None and tokenizer.eos_token is None:
+            raise TrainingInputError(
+                f"The tokenizer of {base_model!r} has neither a pad nor an eos token, so texts of different "
+                "lengths cannot share a batch; set tokenizer.pad_token and save the tokenizer again."
+            )
+    elif tokenizer.eos_token is None:
         raise TrainingInputError(
             f"The tokenizer of {base_model!r} has no eos token, so the model could not learn where a label "
-            "ends; set tokenizer.eos_token and save the tokenizer again."
+            "ends; set tokenizer.eos_token and save the tokenizer again, or use task=sequence_classification "
+            "(a classification head needs no eos)."
         )
     if tokenizer.pad_token is None:
         # Padding positions are masked out of attention and loss, so reusing eos is harmless.

@@ -190,7 +190,7 @@ def _train_in_run(
     set_seed(params.seed)
     # The one switch for the base's own code (auto_map); weights load as safetensors only.
     trust = params.trust_remote_code
-    tokenizer = load_train_tokenizer(request.base_model, trust_remote_code=trust)
+    tokenizer = load_train_tokenizer(request.base_model, trust_remote_code=trust, task=params.task)
     if classify:
         from sparktune.model import classification
 

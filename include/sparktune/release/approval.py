@@ -2,8 +2,9 @@
 their answer is recorded.
 
 The request shows the evidence the gate decided on (challenger and champion metrics with their 95%
-intervals, the paired differences, the baseline, the gate's reasons), the smoke test, the data
-fingerprint and links to the MLflow run, its confusion matrix and the Data Docs. The answer
+intervals, the paired differences, the baseline, the gate's reasons), what fine-tuning added over
+the base model (information, no gate rule), the smoke test, the data fingerprint and links to the
+MLflow run, its confusion matrix and the Data Docs. The answer
 (approve, reject, or no answer in time: rejected) goes on the model version's tags and into the
 registry's audit log, with who answered, when and their comment.
 """
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlflow.tracking import MlflowClient
+from sparktune.release.base_model_eval import BaseModelOutcome
+from sparktune.release.base_model_eval import describe as describe_base_model
 from sparktune.release.registry import record_approval
 
 APPROVED, REJECTED, TIMED_OUT = "approved", "rejected", "timed_out"
@@ -149,6 +152,9 @@ def approval_request(
             "",
             f"TF-IDF + logistic regression baseline accuracy: {_number(baseline['baseline_accuracy'])}.",
         ]
+    # What fine-tuning added (information, no gate rule), or why the evaluation has no number for it.
+    if isinstance(evaluation.get("base_model"), Mapping):
+        lines += ["", describe_base_model(BaseModelOutcome.from_summary(evaluation["base_model"]))]
     lines += ["", f"**Gate** ({gate.get('mode', 'enabled')} mode):"]
     lines += [f"- {reason}" for reason in gate.get("reasons", [])] or ["- (no rules ran)"]
     if smoke:

@@ -88,9 +88,7 @@ def baseline_metrics(baseline: EvalResult, comparison: PairedComparison) -> dict
     """Flat MLflow metrics of the baseline beside the model's: ``baseline_accuracy``,
     ``baseline_macro_f1`` and their interval bounds, and the paired ``vs_baseline_accuracy_diff``
     (model minus baseline on the same rows), ``..._ci_low``, ``..._ci_high``, same for macro F1."""
-    out = {"baseline_accuracy": baseline.eval_accuracy, "baseline_macro_f1": baseline.eval_macro_f1}
-    for name, (low, high) in baseline.ci.items():
-        short = name.removeprefix("eval_")
-        out[f"baseline_{short}_ci_low"] = float(low)
-        out[f"baseline_{short}_ci_high"] = float(high)
-    return {**out, **comparison.metrics(prefix=VS_BASELINE_PREFIX)}
+    from sparktune.release.comparison import reference_metrics
+
+    # No baseline_loss: a linear model has no completion loss (NaN), so none is reported.
+    return reference_metrics(baseline, comparison, name="baseline")

@@ -17,6 +17,7 @@ whose true label both models know (macro F1 averages over those labels); ``n_exa
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,22 @@ def paired_comparison(
         accuracy=differences["accuracy"],
         macro_f1=differences["macro_f1"],
     )
+
+
+def reference_metrics(reference: EvalResult, comparison: PairedComparison, *, name: str) -> dict[str, float]:
+    """Flat MLflow metrics of a model the challenger is measured against on the same rows (the
+    TF-IDF baseline, the base model before fine-tuning), named after it: ``<name>_accuracy``,
+    ``<name>_macro_f1``, ``<name>_loss`` when it has one, their interval bounds
+    (``<name>_accuracy_ci_low``, ...), and the paired ``vs_<name>_accuracy_diff`` (challenger minus
+    it), ``..._ci_low``, ``..._ci_high``, same for macro F1 (``comparison``: challenger first)."""
+    out = {f"{name}_accuracy": reference.eval_accuracy, f"{name}_macro_f1": reference.eval_macro_f1}
+    if math.isfinite(reference.eval_loss):
+        out[f"{name}_loss"] = reference.eval_loss
+    for metric, (low, high) in reference.ci.items():
+        short = metric.removeprefix("eval_")
+        out[f"{name}_{short}_ci_low"] = float(low)
+        out[f"{name}_{short}_ci_high"] = float(high)
+    return {**out, **comparison.metrics(prefix=f"vs_{name}_")}
 
 
 def compare_result_files(challenger_json: str | Path, champion_json: str | Path) -> PairedComparison:

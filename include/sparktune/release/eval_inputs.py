@@ -128,10 +128,8 @@ def _wrap(
     model: Any, tokenizer: Any, labels: list[str] | None, prompt_template: str | None, batch_size: int
 ) -> LabelScorer:
     """A bare model in the label pyfunc class, with the label set and template it cannot carry."""
-    import pandas as pd
     from sparktune.core import label_scoring
     from sparktune.core.params import MISTRAL_INSTRUCT_TEMPLATE
-    from sparktune.model import label_pyfunc
 
     if is_sequence_classifier(model):
         head = [str(model.config.id2label[i]) for i in sorted(model.config.id2label, key=int)]
@@ -140,6 +138,16 @@ def _wrap(
         spec = label_scoring.LabelSpec(
             label_scoring.CAUSAL_LM, tuple(labels or ()), prompt_template or MISTRAL_INSTRUCT_TEMPLATE
         )
+    return wrap_label_model(model, tokenizer, spec, batch_size)
+
+
+def wrap_label_model(model: Any, tokenizer: Any, spec: Any, batch_size: int) -> LabelScorer:
+    """``model`` and ``tokenizer`` in the label pyfunc class with ``spec`` (a
+    :class:`sparktune.core.label_scoring.LabelSpec`): predictions as a logged model gives them."""
+    import pandas as pd
+    from sparktune.core import label_scoring
+    from sparktune.model import label_pyfunc
+
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.eval()
@@ -152,6 +160,47 @@ def _wrap(
         return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
 
     return LabelScorer(predict, model, tokenizer, spec)
+
+
+def load_base_label_model(
+    base_model: str,
+    spec: Any,
+    tokenizer: Any,
+    *,
+    trust_remote_code: bool = False,
+    batch_size: int = 32,
+) -> LabelScorer:
+    """The causal LM a challenger was fine-tuned from (a folder or hub id), scored as the challenger
+    is: ``spec``'s labels and prompt template (the challenger's, as it was logged), through
+    ``tokenizer`` (the challenger's, already loaded: the same tokens in, only the weights differ).
+
+    Loaded with :mod:`sparktune.core.model_safety` (safetensors only, its own code only with
+    ``trust_remote_code``) in the dtype it is stored in, as the logged merged model is loaded.
+    Raises :class:`EvaluationInputError` for a task other than ``causal_lm`` (a classifier's base
+    has no trained head for these labels) or a folder that does not exist.
+    """
+    from sparktune.core import label_scoring
+    from sparktune.core import model_safety as safe
+    from transformers import AutoModelForCausalLM
+
+    if spec.task != label_scoring.CAUSAL_LM:
+        raise EvaluationInputError(
+            f"Only a causal LM's base model is scored with its challenger's labels, not task={spec.task}: "
+            "a base model has no trained classification head for them."
+        )
+    # The challenger's spec may be its logged scoring module's class: rebuild it as this one's.
+    spec = label_scoring.LabelSpec(label_scoring.CAUSAL_LM, tuple(spec.labels), str(spec.prompt_template))
+    local = Path(base_model).expanduser()
+    if base_model.startswith(("/", ".", "~")) and not local.is_dir():
+        raise EvaluationInputError(
+            f"Base model folder {base_model!r} does not exist here; run evaluate where training ran (the "
+            "resolve_base_model task builds the folder), or pass a Hugging Face hub id."
+        )
+    model = safe.load_model(
+        AutoModelForCausalLM, base_model, trust_remote_code=trust_remote_code, dtype="auto"
+    )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return wrap_label_model(model, tokenizer, spec, batch_size)
 
 
 def load_components(

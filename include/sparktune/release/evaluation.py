@@ -40,6 +40,7 @@ from sparktune.model.process_setup import using_tracking_uri
 from sparktune.release.eval_inputs import (
     REQUIRED_COLUMNS,
     EvaluationInputError,
+    LabelScorer,
     label_strings,
     load_label_model,
     load_split,
@@ -195,6 +196,7 @@ def evaluate_model(
     trust_remote_code: bool = False,
     prompt_template: str | None = None,
     allow_other_labels: bool = False,
+    scorer: LabelScorer | None = None,
 ) -> EvalResult:
     """Score the model at ``model_uri`` on ``split`` of the dataset: loss, accuracy, macro and per-class F1,
     per-class recall, with 95% bootstrap intervals of accuracy, macro F1 and loss.
@@ -212,6 +214,10 @@ def evaluate_model(
     A classifier that knows none of the split's labels is refused, unless ``allow_other_labels``
     (the champion, when the challenger brings a new label set): then every row is an error, the
     loss is NaN, and :attr:`EvalResult.model_labels` says what it was trained on.
+
+    ``scorer``: a model already loaded (:func:`load_for_evaluation`, or the base model in its
+    challenger's label spec, :func:`sparktune.release.eval_inputs.load_base_label_model`) is scored
+    as it is; ``model_uri`` then only names it in the result.
     """
     import torch
 
@@ -223,14 +229,8 @@ def evaluate_model(
     # The columns each kind of model needs are checked once the model tells its kind.
     dataset = load_split(dataset_path, split, max_examples, required=("label",))
     names, truth = label_strings(dataset)
-    with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
-        scorer = load_label_model(
-            model_uri,
-            labels=names,
-            prompt_template=prompt_template,
-            trust_remote_code=trust_remote_code,
-            batch_size=batch_size,
-        )
+    if scorer is None:
+        scorer = _load(model_uri, names, tracking_uri, trust_remote_code, prompt_template, batch_size)
     model, tokenizer = scorer.model, scorer.tokenizer
     classifier = is_sequence_classifier(model)
     required = CLASSIFICATION_COLUMNS if classifier else (*REQUIRED_COLUMNS, "text")
@@ -323,6 +323,42 @@ def evaluate_model(
         result.n_invalid,
     )
     return result
+
+
+def load_for_evaluation(
+    model_uri: str,
+    dataset_path: str,
+    *,
+    split: str = "test",
+    max_examples: int | None = None,
+    tracking_uri: str | None = None,
+    trust_remote_code: bool = False,
+    prompt_template: str | None = None,
+    batch_size: int = 32,
+) -> LabelScorer:
+    """The model at ``model_uri`` loaded as :func:`evaluate_model` loads it (a bare folder gets the
+    split's labels as its candidates), for a caller that keeps what it loaded (its label spec and
+    tokenizer) after passing it to :func:`evaluate_model` as ``scorer``."""
+    names, _ = label_strings(load_split(dataset_path, split, max_examples, required=("label",)))
+    return _load(model_uri, names, tracking_uri, trust_remote_code, prompt_template, batch_size)
+
+
+def _load(
+    model_uri: str,
+    labels: list[str],
+    tracking_uri: str | None,
+    trust_remote_code: bool,
+    prompt_template: str | None,
+    batch_size: int,
+) -> LabelScorer:
+    with using_tracking_uri(tracking_uri) if tracking_uri else nullcontext():
+        return load_label_model(
+            model_uri,
+            labels=labels,
+            prompt_template=prompt_template,
+            trust_remote_code=trust_remote_code,
+            batch_size=batch_size,
+        )
 
 
 def _ci_text(result: EvalResult, name: str) -> str:

@@ -1,5 +1,5 @@
-"""``EvaluateModelOperator``: challenger, champion and the TF-IDF baseline scored on the same test
-rows, and the paired comparisons the promotion gate decides on."""
+"""``EvaluateModelOperator``: challenger, champion, the TF-IDF baseline and the base model before
+fine-tuning scored on the same test rows, and the paired comparisons the promotion gate decides on."""
 
 from __future__ import annotations
 
@@ -26,7 +26,10 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     evaluation, else its version's ``labels`` tag; None without a champion); when they differ, the
     comparison covers only the rows whose label both know (None when there is no such row), while
     the champion's own metrics stay those of every row. ``baseline`` holds the TF-IDF +
-    logistic regression baseline's metrics and the paired differences to it.
+    logistic regression baseline's metrics and the paired differences to it. ``base_model`` says
+    what fine-tuning added (:mod:`sparktune.release.base_model_eval`, information for people, no gate
+    rule): the base model's status (scored, not_applicable, not_scored, skipped), the base model, the
+    reason it has no numbers, or its ``base_model_*`` and paired ``vs_base_model_*`` metrics.
 
     :param model_name: (templated) the registered model name; its ``champion`` alias is the baseline.
     :param version: (templated) the challenger's version.
@@ -35,10 +38,19 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         ``champion_``, the paired differences ``vs_champion_``), the result JSONs and confusion
         matrices under ``evaluation/``.
     :param pipeline_params: (templated) ``trust_remote_code`` (missing or None: False, a model
-        shipping its own code is refused).
+        shipping its own code is refused) and ``evaluate_base_model`` (default true).
+    :param base_model: (templated) the folder or hub id the challenger was fine-tuned from; None: the
+        one its training run records (tag ``sparktune.base_model``).
     """
 
-    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
+    template_fields: Sequence[str] = (
+        "model_name",
+        "version",
+        "dataset_uri",
+        "run_id",
+        "pipeline_params",
+        "base_model",
+    )
 
     def __init__(
         self,
@@ -48,6 +60,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         dataset_uri: str,
         run_id: str,
         pipeline_params: dict[str, Any] | None = None,
+        base_model: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -56,6 +69,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         self.dataset_uri = dataset_uri
         self.run_id = run_id
         self.pipeline_params = pipeline_params
+        self.base_model = base_model
 
     @staticmethod
     def _files(work: Path, label: str) -> list[Path]:
@@ -72,11 +86,13 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         ]
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.release import base_model_eval
         from sparktune.release.registry import CHAMPION, alias_version
 
         client = self.mlflow_hook.get_conn()
         work = task_scratch_dir(context)
-        trust = pipeline_params(self.pipeline_params).trust_remote_code
+        params = pipeline_params(self.pipeline_params)
+        trust = params.trust_remote_code
         champion_version = alias_version(client, self.model_name, CHAMPION)
         against_champion = champion_version is not None and champion_version != str(self.version)
         challenger_uri = f"models:/{self.model_name}/{self.version}"
@@ -89,6 +105,18 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         # The cheap model it must beat, on the same rows, in the same process (sparktune.release.baseline).
         baseline_file = work / "eval_baseline.json"
         command += ["--baseline-output", str(baseline_file)]
+        # What fine-tuning added: the base model, scored as the challenger is, after it in the same process.
+        base_files: list[Path] = []
+        trained_from = self._trained_from(client) if params.evaluate_base_model else None
+        base_outcome = _base_model_request(params.evaluate_base_model, trained_from, self.run_id)
+        if base_outcome is None:
+            base_files = self._files(work, "base_model")
+            command += [
+                *("--base-model", str(trained_from)),
+                *("--base-model-output", str(base_files[0])),
+                *("--base-model-predictions", str(base_files[1])),
+                *("--base-model-confusion-matrix", str(base_files[2])),
+            ]
         champion_files: list[Path] = []
         if against_champion:
             # Both models in one process, on the same rows: the imports are paid once.
@@ -123,12 +151,22 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             files += champion_files
         baseline = _baseline_metrics(files[0], baseline_file)
         files.append(baseline_file)
+        if base_outcome is None:
+            base_outcome = _base_model_outcome(files[0], base_files[0], str(trained_from))
+            # Not scored: the JSON says why, and there are no predictions or matrix to log.
+            files += base_files if base_outcome.status == base_model_eval.SCORED else base_files[:1]
         for name, value in challenger.items():
             client.log_metric(self.run_id, name, value)
             self.log.info("challenger v%s %-22s %.4f", self.version, name, value)
         for name, value in baseline.items():
             client.log_metric(self.run_id, name, value)
             self.log.info("baseline (TF-IDF + logistic regression) %-28s %+.4f", name, value)
+        for name, value in base_outcome.metrics.items():
+            client.log_metric(self.run_id, name, value)
+            self.log.info("base model (before fine-tuning) %-30s %+.4f", name, value)
+        for key, value in base_outcome.tags().items():
+            client.set_tag(self.run_id, key, value)
+        self.log.info("%s", base_model_eval.describe(base_outcome))
         for name, value in (champion or {}).items():
             client.log_metric(self.run_id, f"champion_{name}", value)
             self.log.info("champion   v%s %-22s %.4f", champion_version, name, value)
@@ -155,7 +193,16 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
             "comparison": comparison.to_summary() if comparison else None,
             "label_change": change.to_summary() if change else None,
             "baseline": baseline,
+            "base_model": base_outcome.to_summary(),
         }
+
+    def _trained_from(self, client: Any) -> str | None:
+        """The base model the challenger was fine-tuned from: ``base_model``, else its training run's tag."""
+        from sparktune.release.base_model_eval import TRAINED_FROM_TAG
+
+        if self.base_model:
+            return str(self.base_model)
+        return client.get_run(self.run_id).data.tags.get(TRAINED_FROM_TAG) or None
 
 
 def _paired(challenger_json: Path, other_json: Path) -> Any:
@@ -210,3 +257,30 @@ def _baseline_metrics(challenger_json: Path, baseline_json: Path) -> dict[str, f
 
     baseline = EvalResult.from_dict(json.loads(baseline_json.read_text()))
     return baseline_metrics(baseline, _paired(challenger_json, baseline_json))
+
+
+def _base_model_request(wanted: bool, trained_from: str | None, run_id: str) -> Any:
+    """None when the evaluate job is to score the base model ``trained_from``; else the outcome
+    that says why it is not."""
+    from sparktune.release.base_model_eval import NOT_SCORED, SKIPPED, TRAINED_FROM_TAG, BaseModelOutcome
+
+    if not wanted:
+        return BaseModelOutcome(SKIPPED, reason="evaluate_base_model=false")
+    if not trained_from:
+        return BaseModelOutcome(
+            NOT_SCORED,
+            reason=f"the training run {run_id} records no base model (tag {TRAINED_FROM_TAG}); pass "
+            "base_model to EvaluateModelOperator",
+        )
+    return None
+
+
+def _base_model_outcome(challenger_json: Path, base_json: Path, base_model: str) -> Any:
+    """What the evaluate job wrote for the base model: scored (its metrics and the paired
+    differences to the challenger on the same rows), or why not."""
+    from sparktune.release import base_model_eval
+
+    written = base_model_eval.read_output(base_json)
+    if isinstance(written, base_model_eval.BaseModelOutcome):
+        return written
+    return base_model_eval.scored(base_model, written, _paired(challenger_json, base_json))
