@@ -57,6 +57,7 @@ def test_a_new_package_version_rebuilds_the_folder(tmp_path, monkeypatch):
     assert json.loads((folder / SOURCE_RECORD).read_text())["distribution_version"] == "9.9.9"
 
 
+@pytest.mark.slow
 def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_model):
     import torch
     from sparktune.core.model_safety import load_model, load_tokenizer
@@ -88,6 +89,7 @@ def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
 
 
+@pytest.mark.slow
 def test_a_gguf_path_is_converted_once_keyed_by_content(real_base_model, tmp_path):
     gguf = packaged_file(SMOLLM2)
     folder = real_base_model(str(gguf))

@@ -116,6 +116,7 @@ def test_prepare_formats_rows_with_the_chat_template_and_kept_labels(spark, chat
         prepared.unpersist()
 
 
+@pytest.mark.slow
 def test_smollm2_prompt_is_its_chatml_with_the_label_answer(real_base_model):
     from sparktune.core.model_safety import load_tokenizer
 
