@@ -488,7 +488,9 @@ def test_cli_scores_the_base_model_on_the_same_rows_and_the_trained_model_beats_
         0 < metrics["vs_base_model_accuracy_ci_low"] <= diff <= metrics["vs_base_model_accuracy_ci_high"] <= 1
     )
     assert metrics["vs_base_model_macro_f1_ci_low"] > 0
-    assert f"sparktune-evaluate model={base} split=test n=48" in capsys.readouterr().out
+    assert f"sparktune-evaluate base model (before fine-tuning) model={base} split=test n=48" in (
+        capsys.readouterr().out
+    )
 
 
 def test_the_base_model_takes_the_challengers_prompt_template_and_tokenizer(root):

@@ -212,6 +212,7 @@ def _base_model_and_write(args: argparse.Namespace, spec: Any, tokenizer: Any) -
                 args.base_model_output,
                 args.base_model_predictions,
                 args.base_model_confusion_matrix,
+                role="base model (before fine-tuning) ",
             )
             return 0
     base_model_eval.write_outcome(outcome, args.base_model_output)
@@ -309,8 +310,11 @@ def _write(
     output_path: str,
     predictions: str | None,
     figure: str | None,
+    *,
+    role: str = "",
 ) -> None:
-    """One model's result JSON, predictions CSV and confusion matrix PNG, and its line on stdout."""
+    """One model's result JSON, predictions CSV and confusion matrix PNG, and its line on stdout
+    (``role`` names a model that is not the one asked about, as the operator's log shows it)."""
     output = Path(output_path)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(result.to_json())
@@ -322,7 +326,7 @@ def _write(
         # The metrics decide the gate; a picture that failed to draw must not hold them back.
         logger.exception("Could not draw the confusion matrix %s", figure_path)
     print(
-        f"sparktune-evaluate model={model_uri} split={args.split} n={result.n_examples} "
+        f"sparktune-evaluate {role}model={model_uri} split={args.split} n={result.n_examples} "
         f"loss={result.eval_loss:.4f} accuracy={result.eval_accuracy:.4f} "
         f"macro_f1={result.eval_macro_f1:.4f}",
         flush=True,
