@@ -149,8 +149,10 @@ PARAM_SPECS: tuple[ParamSpec, ...] = (
     ParamSpec(
         "prompt_template",
         "string",
-        MISTRAL_INSTRUCT_TEMPLATE,
-        "Training text template with {text} and {label}; the model learns to complete what follows {text}.",
+        "",
+        "Empty: the base model's own chat template when its tokenizer has one (a user turn that asks for "
+        "one of the labels, the label as the answer), else an [INST] template. Or a template with {text} "
+        "and {label} (optionally {labels}, the label list); the model learns to complete the prompt.",
         section="Preparation",
         multiline=True,
     ),

@@ -51,8 +51,8 @@ def load_label_model(
     ``mlflow.pyfunc.load_model``; predictions go through its ``predict``. A Hugging Face
     ``save_pretrained`` folder, or a model an earlier sparktune logged with MLflow's transformers
     flavour, carries no label set or prompt template: ``labels`` (a causal LM's candidates) and
-    ``prompt_template`` (default: the pipeline's) say them, and it is wrapped in the same pyfunc
-    class.
+    ``prompt_template`` (default: as the pipeline chooses it, the model's chat template when it has
+    one) say them, and it is wrapped in the same pyfunc class.
     """
     import pandas as pd
 
