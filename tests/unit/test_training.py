@@ -45,6 +45,11 @@ def test_run_has_params_loss_curve_and_throughput(root, lora_run, client):
     assert params["lora_modules_to_save"] == "lm_head"
     assert float(params["learning_rate"]) == pytest.approx(1e-2)
     assert params["n_train"] == "256"
+    # precision=auto, resolved on this machine and logged: bf16 where the CPU computes it natively.
+    from sparktune.model.training_setup import resolve_precision
+
+    assert params["precision"] == "auto"
+    assert params["precision_resolved"] == lora_run.precision == resolve_precision("auto")
     # The one recipe field the request left unset was logged as the recipe resolved it.
     assert params["recipe"] == "small-causal-lm"
     assert float(params["num_train_epochs"]) == 3.0

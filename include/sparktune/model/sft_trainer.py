@@ -28,11 +28,14 @@ def make_trainer_classes() -> tuple[type, type]:
     class CountingSFTTrainer(TokenCountingMixin, SFTTrainer):
         """An SFTTrainer that counts the tokens of its training batches and scores only the labels.
 
-        TRL 1.16 computes the training loss with its fused LM head over every position (prompt
-        and padding included) plus entropy and top-1 accuracy over the whole vocabulary: about 70%
-        of a step on a CPU for prompt-completion data whose completion is a few tokens. The
-        loss only needs the logits of the positions that predict a label token, which
-        transformers' ``logits_to_keep`` computes alone (2.8x faster here, the same loss).
+        TRL 1.16 computes the loss with its fused LM head over every position (prompt and padding
+        included) plus entropy and top-1 accuracy over the whole vocabulary: about 70% of a step
+        on a CPU for prompt-completion data whose completion is a few tokens. The loss only needs
+        the logits of the positions that predict a label token, which transformers'
+        ``logits_to_keep`` computes alone (2.8x faster here, the same loss). The validation loss
+        (``trainer.evaluate()``, which asks for the loss alone) takes the same path: with a 49k
+        vocabulary, TRL's would cost more than the forward pass itself. Under bf16 autocast the
+        logits come back in bf16 or float32; the cross-entropy runs in float32 either way.
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -40,7 +43,7 @@ def make_trainer_classes() -> tuple[type, type]:
             import torch.nn.functional as F
 
             labels = inputs.get("labels")
-            if return_outputs or labels is None or not model.training:
+            if return_outputs or labels is None:  # a caller that wants the logits gets TRL's path
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             targets = labels[:, 1:]
             # Positions whose next token is a label in any row; a batch shares one index list.

@@ -118,6 +118,11 @@ def check_hardware(params: PipelineParams) -> None:
                 f"deepspeed_stage={params.deepspeed_stage}: DeepSpeed ZeRO shards across GPUs and this "
                 "process sees none; set deepspeed_stage=0 on CPU."
             )
+    if params.precision == "bf16" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        problems.append(
+            f"precision=bf16: the GPU this training process sees ({torch.cuda.get_device_name()}) has no "
+            "bf16 support; set precision=auto (float32 here) or float32."
+        )
     if problems:
         raise TrainingInputError("\n".join(problems))
 

@@ -67,6 +67,8 @@ class TrainResult:
     adapter_model_uri: str = ""
     # sparktune.model.recipes.ResolvedRecipe.summary(): the recipe and which values came from it.
     recipe: dict[str, Any] = field(default_factory=dict)
+    # The arithmetic training ran in: "bf16" (autocast) or "float32"; "" in results recorded before.
+    precision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -66,7 +66,7 @@ from sparktune.model.train_runs import (
     unfinished_runs,
     write_result,
 )
-from sparktune.model.training_setup import load_base_model, lora_config_from_params
+from sparktune.model.training_setup import load_base_model, lora_config_from_params, without_autocast
 
 if TYPE_CHECKING:
     from sparktune.model.recipes import ResolvedRecipe
@@ -243,6 +243,8 @@ def _train_in_run(
     trainer.remove_callback(PrinterCallback)
     trainable, total = count_params(trainer.model)
     world_size = trainer.args.world_size
+    # What the param precision resolved to on this device (auto: bf16 where it computes bf16 natively).
+    precision = "bf16" if trainer.args.bf16 else "float32"
     if main_process:
         mlflow.log_params({k: _param_value(v) for k, v in params.to_dict().items()})
         mlflow.log_params(
@@ -255,6 +257,7 @@ def _train_in_run(
                 "n_train": n_train,
                 "n_validation": len(val_ds),
                 "train_key": request.train_key,
+                "precision_resolved": precision,
             }
         )
         mlflow.log_metrics(
@@ -269,10 +272,11 @@ def _train_in_run(
             mlflow.set_tag(RESUMED_FROM_TAG, str(checkpoint[1]))
             mlflow.log_metric("resumed_from_step", checkpoint[1], step=checkpoint[1])
     logger.info(
-        "Training %s (%s, world size %d): %d of %d parameters trainable (%.3f%%), %d train / %d validation "
-        "examples%s.",
+        "Training %s (%s, %s, world size %d): %d of %d parameters trainable (%.3f%%), %d train / %d "
+        "validation examples%s.",
         request.base_model,
         params.peft_method,
+        precision,
         world_size,
         trainable,
         total,
@@ -307,6 +311,7 @@ def _train_in_run(
             global_steps=global_steps,
             val_loss=val_loss,
             recipe=recipe,
+            precision=precision,
         )
 
     if not step_logger.losses and checkpoint is None:
@@ -346,6 +351,7 @@ def _train_in_run(
         padding_efficiency,
     )
 
+    trainer.model = without_autocast(trainer.model)
     sample = val_ds.take(4) if streaming else val_ds.select(range(min(4, len(val_ds))))
     texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
     # The label set the model answers in: the head's order for a classifier, the candidates a
@@ -411,6 +417,7 @@ def _train_in_run(
         val_loss=val_loss,
         adapter_model_uri=adapter_uri,
         recipe=recipe,
+        precision=precision,
     )
 
 
@@ -432,6 +439,7 @@ def summary_line(result: TrainResult) -> str:
         f"loss={result.initial_loss:.4f}->{result.train_loss:.4f} "
         f"trainable={result.trainable_params}/{result.total_params} ({result.trainable_percent:.2f}%) "
         f"tokens_per_s={result.tokens_per_second:.0f} padding_efficiency={result.padding_efficiency:.3f}"
+        f" precision={result.precision or '?'}"
     )
 
 
