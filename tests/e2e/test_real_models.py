@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 try:
+    from tests import leak_guard
     from tests.e2e.dag_runs import (
         assert_same_predictions,
         evaluated_split,
@@ -32,6 +33,7 @@ try:
         served_answers,
     )
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
+    import leak_guard
     from dag_runs import (
         assert_same_predictions,
         evaluated_split,
@@ -97,12 +99,12 @@ def test_smollm2_from_its_gguf_file_trains_in_its_own_chat_template(home, smollm
     converted = run.data.params["base_model_resolved"]
     assert converted.startswith(str(home / "models" / "base" / "gguf" / "SmolLM2-135M-Instruct.Q4_1-"))
     labels = json.loads(champion.tags["labels"])
-    config = client.download_artifacts(champion.run_id, "model/MLmodel", str(home / "mlmodel"))
-    import yaml
+    import mlflow
 
-    template = yaml.safe_load(Path(config).read_text())["flavors"]["python_function"]["config"][
-        "prompt_template"
-    ]
+    with leak_guard.mlflow_restored():
+        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+        info = mlflow.models.get_model_info(f"models:/{SMOLLM2_MODEL}@champion")
+    template = info.flavors["python_function"]["config"]["prompt_template"]
     assert template.startswith("<|im_start|>system\n")
     assert f"exactly one of these labels: {', '.join(sorted(labels))}." in template
     assert template.endswith("<|im_start|>assistant\n{label}")
