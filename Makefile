@@ -36,7 +36,7 @@ help:
 	@echo "make bench-dag-parse what each DAG file adds over import airflow.sdk, fresh interpreters (target 0.3 s)"
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
-	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512 (BENCH_TRAIN_STEPS=40)"
+	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512, tiny model and SmolLM2 (BENCH_TRAIN_STEPS=40, BENCH_TRAIN_SMOLLM2_STEPS=3)"
 	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=3000)"
 	@echo "make bench-inference-scale  batch_inference over 500k and 5M rows on local[2]: rows/s, peak RSS per process (BENCH_SCALE_ROWS=5000000)"
 	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve at concurrency 1, 8, 32 (BENCH_SERVE_REQUESTS=400)"
@@ -215,8 +215,10 @@ clean:
 bench-materialize: venv
 	$(PY) benchmarks/bench_materialize.py
 
-# The trainer (dynamic padding, length-grouped batches) vs the seed recipe (padded to 512) on a tiny
-# LLaMA + LoRA, same steps, side by side; writes $(SPARKTUNE_HOME)/bench/train.json. BENCH_TRAIN_STEPS passes through.
+# The trainer (bf16 autocast where the CPU has it, dynamic padding, length-grouped batches, label positions
+# only) vs the seed recipe (float32, padded to 512) on a tiny LLaMA and on SmolLM2-135M-Instruct, same steps,
+# side by side; for SmolLM2 also the FLOP/s against a bf16 matmul peak and both adapters' test accuracy.
+# Writes $(SPARKTUNE_HOME)/bench/train.json. BENCH_TRAIN_STEPS and BENCH_TRAIN_SMOLLM2_STEPS pass through.
 bench-train: venv
 	$(PY) benchmarks/bench_train.py
 
