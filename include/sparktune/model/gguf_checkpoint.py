@@ -63,10 +63,10 @@ def storage_dtype(weight_types: set[str]) -> str:
     """The dtype a converted checkpoint is saved in, from its GGUF weight matrices' types.
 
     A file of float32 or float16 matrices keeps that dtype. A quantized file (Q4_1, Q8_0, ...) was
-    made from a 16-bit checkpoint and decodes to values no finer than bf16 resolves, so bf16 keeps
-    what matters at half the size of float32, and where the CPU computes bf16 natively (AMX,
-    AVX512-BF16) the stages that load the model as stored (evaluation, scoring, serving) run
-    several times faster than in float32.
+    made from a 16-bit checkpoint; bf16 keeps its decoded values within 0.4 %, far inside the
+    quantization's own error, at half the size of float32, and where the CPU computes bf16 natively
+    (AVX512-BF16, AMX) the stages that load the model as stored (evaluation, scoring, serving)
+    multiply 2-3x faster than in float32.
     """
     if weight_types and weight_types <= {"F32"}:
         return "float32"
