@@ -45,7 +45,7 @@ except ImportError:  # tests/ is not a package: pytest put this folder on sys.pa
 
 pytestmark = pytest.mark.e2e
 
-ROWS = 500  # enough for the quality gate's 100 train rows after the demo data's dirty rows
+ROWS = 300  # enough for the quality gate's 100 train rows after the demo data's dirty rows
 SMOLLM2_MODEL = "support-intent-smollm2"
 MINILM_MODEL = "support-intent-minilm"
 # A few steps of small batches: every stage runs, on a real model, in minutes.
