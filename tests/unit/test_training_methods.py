@@ -195,10 +195,19 @@ def test_the_merged_model_takes_the_dtype_its_base_is_stored_in(tmp_path):
     config = LlamaConfig(
         vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
     )
-    model = LlamaForCausalLM(config)
-    config.dtype = "bfloat16"  # a hub LLM ships its weights in 16 bits
-    config.save_pretrained(tmp_path / "bf16")
-    assert to_stored_dtype(model, str(tmp_path / "bf16")).dtype == torch.bfloat16
+    model = LlamaForCausalLM(config)  # trained in float32, as training loads a base
+    # a hub LLM ships its weights in 16 bits
+    LlamaConfig(**{**config.to_dict(), "dtype": "bfloat16"}).save_pretrained(tmp_path / "bf16")
+    merged = to_stored_dtype(model, str(tmp_path / "bf16"))
+    assert merged.dtype == torch.bfloat16
+    # saved and loaded as users load it (dtype "auto": the saved config's), it gives the very logits
+    # the verification compares: the config says bf16, and RoPE's buffers stay float32 on both sides
+    merged.save_pretrained(tmp_path / "merged")
+    reloaded = LlamaForCausalLM.from_pretrained(tmp_path / "merged", dtype="auto")
+    assert reloaded.dtype == torch.bfloat16
+    ids = torch.tensor([list(range(1, 40))])
+    with torch.inference_mode():
+        assert torch.equal(reloaded(input_ids=ids).logits, merged(input_ids=ids).logits)
     fp32 = LlamaForCausalLM(LlamaConfig(**{**config.to_dict(), "dtype": "float32"}))
     fp32.config.save_pretrained(tmp_path / "fp32")
     assert to_stored_dtype(fp32, str(tmp_path / "fp32")).dtype == torch.float32

@@ -226,7 +226,12 @@ def to_stored_dtype(
         stored = getattr(torch, stored, None)
     if stored in (torch.bfloat16, torch.float16) and model.dtype != stored:
         logger.info("Casting the merged model to the base's stored dtype %s.", stored)
-        return model.to(stored)
+        # Weights only, as from_pretrained(dtype=...) loads them (RoPE's inv_freq stays float32), and the
+        # config says so: a reload with dtype "auto" otherwise computes in float32, ~1 away in the logits.
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.data = parameter.data.to(stored)
+        model.config.dtype = stored
     return model
 
 
