@@ -69,9 +69,8 @@ def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_
     assert record["architecture"] == "llama" and record["parameters"] == 134_515_008
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["tie_word_embeddings"] is True
-    # a Q4_1 file is stored as the 16-bit checkpoint it was made from: half of float32's 538 MB
-    assert config["dtype"] == "bfloat16" and record["dtype"] == "bfloat16"
-    assert (folder / "model.safetensors").stat().st_size < 300_000_000
+    # float32, the values the file decodes to: scores must not move with the batch (storage_dtype)
+    assert config["dtype"] == "float32" and record["dtype"] == "float32"
     assert sorted(p.name for p in folder.glob("*.safetensors")) == ["model.safetensors"]
 
     tokenizer = load_tokenizer(folder, trust_remote_code=False)
@@ -81,7 +80,7 @@ def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_
 
     # the instruct model answers a greeting in English: real weights, not random ones
     model = load_model(AutoModelForCausalLM, folder, trust_remote_code=False)
-    assert model.dtype == torch.bfloat16  # as stored, as evaluation and serving load it
+    assert model.dtype == torch.float32  # as stored, as evaluation and serving load it
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France?"}],
         tokenize=False,
@@ -164,12 +163,3 @@ def test_bad_model_inputs_are_refused_with_cause_and_fix(tmp_path, monkeypatch):
     ):
         ensure_base_model("all-minilm-l6-v2", tmp_path / "fresh")
     assert not (tmp_path / "fresh").exists()  # nothing built, no lock left behind
-
-
-def test_a_converted_checkpoint_keeps_the_float_dtype_its_file_was_made_in():
-    from sparktune.model.gguf_checkpoint import storage_dtype
-
-    assert storage_dtype({"F32"}) == "float32"
-    assert storage_dtype({"F16"}) == "float16"
-    assert storage_dtype({"Q4_1", "Q8_0"}) == "bfloat16"  # SmolLM2's file
-    assert storage_dtype({"BF16", "F32"}) == "bfloat16"

@@ -6,8 +6,8 @@ with the ``gguf`` package) and dequantizes its tensors, but refuses to ``save_pr
 object it built ("quantized with gguf and is not serializable"). So the conversion builds a plain
 model of the same class from the GGUF config (without its ``quantization_config``), gives it the
 dequantized weights, and saves that with the tokenizer (chat template included) read from the
-same file, in the 16-bit dtype a quantized file was made from (:func:`storage_dtype`). The result
-loads like any checkpoint and is checked by loading it back before it lands.
+same file, in float32 (:func:`storage_dtype`). The result loads like any checkpoint and is checked
+by loading it back before it lands.
 
 The checks before any tensor is read (a file that is not GGUF, an architecture transformers'
 GGUF loader does not know, a model that is not a causal LM) raise :class:`GGUFConversionError`
@@ -60,19 +60,15 @@ def check_gguf_magic(path: Path) -> None:
 
 
 def storage_dtype(weight_types: set[str]) -> str:
-    """The dtype a converted checkpoint is saved in, from its GGUF weight matrices' types.
+    """The dtype a converted checkpoint is saved in: float32, the values the GGUF file decodes to.
 
-    A file of float32 or float16 matrices keeps that dtype. A quantized file (Q4_1, Q8_0, ...) was
-    made from a 16-bit checkpoint; bf16 keeps its decoded values within 0.4 %, far inside the
-    quantization's own error, at half the size of float32, and where the CPU computes bf16 natively
-    (AVX512-BF16, AMX) the stages that load the model as stored (evaluation, scoring, serving)
-    multiply 2-3x faster than in float32.
+    Stored in a 16-bit dtype, the model would be loaded and scored in it (evaluation, the smoke test,
+    batch scoring and the server load it as stored), and 16-bit scores of one text move with the
+    batch it is padded into (0.445 alone vs 0.466 in a batch on SmolLM2): the smoke test's
+    alone-versus-batch check and the row-by-row parity between the prediction paths need float32.
+    ``weight_types`` (the GGUF matrices' types) is kept for when scoring is batch-invariant in 16 bits.
     """
-    if weight_types and weight_types <= {"F32"}:
-        return "float32"
-    if weight_types and weight_types <= {"F16"}:
-        return "float16"
-    return "bfloat16"
+    return "float32"
 
 
 def gguf_architecture(path: Path) -> str:
@@ -121,7 +117,7 @@ def replace_dir(tmp: Path, target: Path) -> None:
 
 def convert_gguf(gguf_path: Path, target: Path, *, record: dict | None = None) -> Path:
     """Dequantize ``gguf_path`` into ``target``: ``config.json``, ``model.safetensors`` (in
-    :func:`storage_dtype`: bf16 for a quantized file), the tokenizer with its chat template, and
+    :func:`storage_dtype`), the tokenizer with its chat template, and
     ``sparktune_source.json`` (the file's name, size and sha256, plus ``record``). An existing
     ``target`` is replaced."""
     import torch
