@@ -33,6 +33,24 @@ GPT2_SMALL = {
     "activation_function": "gelu_new",
 }
 
+# The two real checkpoints make bench-quality measures the recipes on (their config.json sizes).
+SMOLLM2_135M = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "vocab_size": 49152,
+    "hidden_act": "silu",
+}
+MINILM_L6 = {
+    "model_type": "bert",
+    "hidden_size": 384,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 6,
+    "vocab_size": 30522,
+    "hidden_act": "gelu",
+}
+
 
 def _folder(tmp_path: Path, name: str, config: dict, *, built_here: bool = False) -> str:
     folder = tmp_path / name
@@ -55,7 +73,7 @@ def test_parameter_estimates_are_close_to_the_published_sizes():
         (LLAMA_2_7B, True, "sequence_classification", "lora", "built-in-classifier", 2e-3),
         (LLAMA_2_7B, False, "causal_lm", "lora", "large-causal-lm", 2e-4),
         (LLAMA_2_7B, False, "causal_lm", "full", "large-causal-lm", 1e-5),
-        (GPT2_SMALL, False, "causal_lm", "qlora", "small-causal-lm", 2e-4),
+        (GPT2_SMALL, False, "causal_lm", "qlora", "small-causal-lm", 5e-4),
         (GPT2_SMALL, False, "sequence_classification", "full", "pretrained-classifier", 2e-5),
     ],
 )
@@ -85,6 +103,28 @@ def test_the_built_in_recipe_is_the_one_measured_on_the_demo_data(tmp_path):
         16,
         2,
     )
+
+
+@pytest.mark.parametrize(
+    ("config", "task", "recipe", "values"),
+    [
+        # lr, epochs, batch, accumulation: make bench-quality's choices (recipes.py says why)
+        (SMOLLM2_135M, "causal_lm", "small-causal-lm", (5e-4, 1.0, 16, 1)),
+        (MINILM_L6, "sequence_classification", "pretrained-classifier", (2e-3, 3.0, 16, 2)),
+    ],
+)
+def test_the_real_model_recipes_are_the_ones_measured_on_them(tmp_path, config, task, recipe, values):
+    facts = describe_base_model(_folder(tmp_path, "model", config))
+    resolved = resolve(parse_params({"task": task}), facts)
+    params = resolved.params
+    assert resolved.recipe.name == recipe
+    assert (params.lora_target_modules, params.lora_modules_to_save) == ("all-linear", "")
+    assert (
+        params.learning_rate,
+        params.num_train_epochs,
+        params.per_device_train_batch_size,
+        params.gradient_accumulation_steps,
+    ) == values
 
 
 def test_a_value_the_run_sets_always_wins(tmp_path):

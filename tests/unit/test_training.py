@@ -52,9 +52,9 @@ def test_run_has_params_loss_curve_and_throughput(root, lora_run, client):
     assert params["precision_resolved"] == lora_run.precision == resolve_precision("auto")
     # The one recipe field the request left unset was logged as the recipe resolved it.
     assert params["recipe"] == "small-causal-lm"
-    assert float(params["num_train_epochs"]) == 3.0
+    assert float(params["num_train_epochs"]) == 1.0
     assert "num_train_epochs" not in params["recipe_set_by_user"].split(",")
-    assert lora_run.recipe["from_recipe"] == {"num_train_epochs": 3.0}
+    assert lora_run.recipe["from_recipe"] == {"num_train_epochs": 1.0}
     tags = run.data.tags
     assert tags["sparktune.train_key"] == "tiny-lora"
     assert tags["data_fingerprint"] == "fp-tiny"

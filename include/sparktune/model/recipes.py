@@ -7,8 +7,9 @@ process fills them from the base model it loads: the built-in tiny model, a smal
 causal LM, or a sequence classifier. A value the user sets always wins. The resolved values are
 what training logs as MLflow params, and :class:`ResolvedRecipe` says which came from where.
 
-Only the built-in model's recipes are measured here (no model hub on the machines that build
-this project); the others follow the usual published settings for LoRA and full fine-tuning.
+The built-in model's recipes, ``small-causal-lm`` (on SmolLM2-135M-Instruct) and
+``pretrained-classifier`` (on all-MiniLM-L6-v2) are measured by ``make bench-quality``; the
+large-model recipe and the full fine-tuning rates follow the usual published settings.
 """
 
 from __future__ import annotations
@@ -105,21 +106,29 @@ _BUILT_HERE_CLASSIFIER = Recipe(
     _values("all-linear", "", 2e-3, 5.0, 16, 2),
 )
 # Pretrained checkpoints: adapters on every linear layer (the QLoRA paper's finding: adapters on
-# attention alone trail full fine-tuning), the usual LoRA rate of 2e-4, 3 epochs.
+# attention alone trail full fine-tuning). Measured on SmolLM2-135M-Instruct in its chat template
+# (make bench-quality, helpdesk export: 1,841 train rows, 12 labels; TF-IDF 0.966 on the test
+# split, 0.293 on the hand-written paraphrases): lr 5e-4, batch 16, one epoch (116 steps) reaches
+# 0.957 on the test split and 0.647 on the paraphrases, in 28 minutes on 2 cores. One epoch: the
+# train loss is 0.007 by its end, and each further epoch costs as much again.
 _SMALL_CAUSAL = Recipe(
     "small-causal-lm",
     f"a pretrained causal LM under {LARGE_MODEL_PARAMETERS / 1e9:g}B parameters",
-    _values("all-linear", "", 2e-4, 3.0, 8, 4),
+    _values("all-linear", "", 5e-4, 1.0, 16, 1),
 )
 _LARGE_CAUSAL = Recipe(
     "large-causal-lm",
     f"a pretrained causal LM of {LARGE_MODEL_PARAMETERS / 1e9:g}B parameters or more (7B class)",
     _values("all-linear", "", 2e-4, 3.0, 4, 8),
 )
+# Measured on all-MiniLM-L6-v2 with a new head (make bench-quality, the same export): LoRA at the
+# usual 5e-4 for 3 epochs (174 steps) ends at train loss 1.77, 0.884 on the test split (macro F1
+# 0.666: the small categories not learned) and 0.460 on the paraphrases; at 2e-3 it ends at 0.43,
+# 0.961 (macro F1 0.939) and 0.587, in the same 4.6 minutes.
 _CLASSIFIER = Recipe(
     "pretrained-classifier",
     "a pretrained model with a new classification head (an encoder such as BERT, or a causal LM)",
-    _values("all-linear", "", 5e-4, 3.0, 16, 2),
+    _values("all-linear", "", 2e-3, 3.0, 16, 2),
 )
 # Full fine-tuning moves every weight: pretrained models take rates a hundred times lower.
 _FULL_FINE_TUNING_RATE = {"small-causal-lm": 2e-5, "large-causal-lm": 1e-5, "pretrained-classifier": 2e-5}
