@@ -1,7 +1,7 @@
 """Benchmark: accuracy and macro F1 of fine-tuned models beside the TF-IDF baseline, on two datasets
 and on a hand-written set of helpdesk texts in other words.
 
-    make bench-quality                          # every model below (about 30 minutes on 2 cores)
+    make bench-quality                          # every model below (about 50 minutes on 2 cores)
     BENCH_QUALITY_MODELS=tiny-llama make bench-quality            # the built-in model only (~4 min)
     BENCH_QUALITY_MODELS=all-minilm-l6-v2 python benchmarks/bench_quality.py --datasets helpdesk_csv
     python benchmarks/bench_quality.py --models smollm2-135m-instruct --param learning_rate=1e-3
@@ -16,7 +16,7 @@ Models (``BENCH_QUALITY_MODELS`` or ``--models``, comma-separated; default all t
   (``task=sequence_classification``), on the helpdesk export.
 
 The real checkpoints train on the helpdesk export only: an epoch of SmolLM2 there costs about
-15 minutes on 2 cores, and the demo data (10 intents named by their keywords) tells nothing the
+28 minutes on 2 cores, and the demo data (10 intents named by their keywords) tells nothing the
 helpdesk export does not.
 
 Two generated datasets of different shapes (``sparktune_dev.demo_data``):
@@ -98,7 +98,7 @@ DATASETS = ("demo", "helpdesk_csv")
 TINY = "tiny-llama"
 SMOLLM2 = "smollm2-135m-instruct"
 MINILM = "all-minilm-l6-v2"
-# Fastest first: a run's early results come in minutes, SmolLM2's after about 20.
+# Fastest first: a run's early results come in minutes, SmolLM2's after about 40.
 MODELS = (TINY, MINILM, SMOLLM2)
 # The datasets each model trains on (see the docstring: the real checkpoints on the helpdesk export).
 MODEL_DATASETS = {TINY: DATASETS, MINILM: ("helpdesk_csv",), SMOLLM2: ("helpdesk_csv",)}
