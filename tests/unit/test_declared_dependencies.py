@@ -1,0 +1,84 @@
+"""Every distribution the shipped code imports is declared in pyproject.toml.
+
+``pip install .`` installs what ``[project] dependencies`` lists and nothing else: a module the
+shipped packages (``include/``) or the DAG files import that only arrives as some other package's
+dependency works until that package drops it. Reads the imports with ``ast`` (every ``import``, at
+any depth, lazy ones inside functions included) and maps each top-level module to the distributions
+that install it with ``importlib.metadata``.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = (ROOT / "include" / "sparktune", ROOT / "include" / "sparktune_airflow", ROOT / "dags")
+FIRST_PARTY = {"sparktune", "sparktune_airflow"}
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared() -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"])
+    return {_normalized(re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0]) for r in requirements}
+
+
+def _imports(path: Path) -> set[str]:
+    """Dotted names ``path`` imports absolutely (``from . import x`` is first party)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def _local_modules(folder: Path) -> set[str]:
+    """Modules a DAG folder imports from itself (Airflow puts the folder on sys.path)."""
+    return {p.stem for p in folder.glob("*.py")} | {p.name for p in folder.iterdir() if p.is_dir()}
+
+
+def _distributions_of(module: str, installed: dict[str, list[str]]) -> set[str]:
+    parts = module.split(".")
+    if parts[:2] == ["airflow", "providers"] and len(parts) > 2:
+        # One top-level package, many distributions: a provider is the one named after its path.
+        for depth in range(len(parts), 2, -1):
+            candidate = _normalized("apache-airflow-providers-" + "-".join(parts[2:depth]))
+            if any(_normalized(d) == candidate for d in installed.get("airflow", [])):
+                return {candidate}
+    return {_normalized(d) for d in installed.get(parts[0], [])}
+
+
+def test_every_distribution_the_shipped_code_imports_is_declared():
+    declared = _declared()
+    installed = metadata.packages_distributions()
+    undeclared: dict[str, set[str]] = {}
+    for folder in SHIPPED:
+        local = FIRST_PARTY | (_local_modules(folder) if folder.name == "dags" else set())
+        for path in sorted(folder.rglob("*.py")):
+            for module in _imports(path):
+                top = module.split(".")[0]
+                if top in local or top in sys.stdlib_module_names or top == "__future__":
+                    continue
+                found = _distributions_of(module, installed)
+                if not found:
+                    undeclared.setdefault(f"{module} (installed by no distribution)", set()).add(
+                        str(path.relative_to(ROOT))
+                    )
+                elif not found & declared:
+                    key = f"{module} (from {', '.join(sorted(found))})"
+                    undeclared.setdefault(key, set()).add(str(path.relative_to(ROOT)))
+    assert not undeclared, (
+        "imported by the shipped code but not in pyproject.toml's [project] dependencies; add the "
+        "distribution there (with the range the code needs):\n"
+        + "\n".join(f"  {module}: {', '.join(sorted(files))}" for module, files in sorted(undeclared.items()))
+    )
