@@ -12,7 +12,7 @@ the second figure is what the file adds over the SDK, i.e. the import time of th
 that of ``import airflow.sdk`` alone, measured in the same process so the two share its state of
 the disk cache and the machine's load. One warm-up process per file runs first (it writes the
 bytecode caches) and is not counted; then ``--repeats`` rounds go over every file in turn, and
-the table gives medians. It also lists which heavy modules a file left imported (DESIGN.md: no
+the table gives medians. It also lists which heavy modules a file left imported (the rule: no
 torch, transformers, pyspark, mlflow or great_expectations; and, for information, the OpenLineage
 listener and the Databricks hook).
 
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DAGS_DIR = ROOT / "dags"
 TARGET_SECONDS = 0.3
 DEFAULT_REPEATS = 5
-# DESIGN.md's rule: a DAG file imports none of these.
+# The rule (docs/architecture.md): a DAG file imports none of these.
 HEAVY = ("torch", "transformers", "pyspark", "mlflow", "great_expectations", "datasets", "peft", "trl")
 # Not forbidden, but what made the parse slow before: shown so a regression is easy to place.
 WATCHED = (

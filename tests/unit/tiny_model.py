@@ -157,7 +157,7 @@ def build_model(path: Path, seed: int = 0) -> Path:
 
 TRAIN_CONFIGS: dict[str, dict] = {
     # LoRA on q/v alone barely moves a randomly initialised model (its lm_head caps the logits),
-    # so the adapter run also trains lm_head in full, as DESIGN.md recommends for tiny bases.
+    # so the adapter run also trains lm_head in full, as the built-in recipe does for tiny bases.
     "lora": {
         "peft_method": "lora",
         "lora_target_modules": "q_proj,v_proj",

@@ -13,7 +13,7 @@ Two kinds of weights, told apart by the artifact logged:
 - ``adapter``: a LoRA/QLoRA adapter and its tokenizer, applied over the base named in
   ``model_config["base_model"]`` (a hub id or a path the serving host can read).
   ``mlflow.transformers.log_model`` of a ``PeftModel`` would store the base's *name* only and, for a
-  base in a local folder, load it back with the adapted weights re-initialised (DESIGN.md).
+  base in a local folder, load it back with the adapted weights re-initialised.
 
 Loading is safe as in ``sparktune.core.model_safety`` (this file cannot import it: it must load where
 only torch, transformers, peft and mlflow are installed): weights as safetensors only, and the

@@ -28,7 +28,7 @@ GENERATED_TOKENS = 32
 # The logged model must give the same logits as the one in memory, up to float noise.
 MAX_LOGIT_DIFF = 1e-4
 # Packages the serving side needs for a merged transformers model. Listed explicitly because the
-# flavour's own inference looks for torchvision and fails when it is absent (DESIGN.md).
+# flavour's own inference looks for torchvision and fails when it is absent.
 SERVING_PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "safetensors")
 
 
@@ -275,5 +275,5 @@ def merge_trained(
         base.config.pad_token_id = trainer.processing_class.pad_token_id
         return load_adapter(base, adapter_dir).merge_and_unload()
     # Logging the PeftModel itself loses the base weights on load when the base is a local
-    # folder (DESIGN.md); the merged model round-trips exactly.
+    # folder (peft stores the base's name only); the merged model round-trips exactly.
     return model.merge_and_unload()

@@ -115,7 +115,7 @@ def sft_config(
         batching: dict[str, Any] = {"packing": True, "packing_strategy": "bfd", "padding_free": True}
     else:
         # Dynamic padding (pad to the longest in the batch) and length-grouped batches: on this
-        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (DESIGN.md).
+        # machine 930 tokens/s padded to 512 vs 14,000 dynamic vs 22,000 length-sorted (make bench-train).
         batching = {"packing": False, "padding_free": False, "train_sampling_strategy": "group_by_length"}
     config = SFTConfig(
         # Prompt-completion data: TRL masks the prompt out of the labels (completion_only_loss) and
