@@ -1,7 +1,7 @@
 """Every operator documents each of its own parameters in its class docstring (``:param name:``),
 and the package exports every operator it defines.
 
-The README's "Use the operators in your own DAG" sends users to these docstrings; a parameter added
+docs/stages.md's "Use the operators in your own DAG" sends users to these docstrings; a parameter added
 without its line fails here.
 """
 
