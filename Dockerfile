@@ -33,6 +33,7 @@ RUN pip install --no-cache-dir --no-deps /opt/sparktune \
 # Spark's classes recorded into the image (~/.cache/sparktune): every driver starts with them mapped.
 RUN python -m sparktune.data.spark_jvm build-class-archive
 COPY --chown=airflow:root dags /opt/airflow/dags
+COPY --chown=airflow:root plugins /opt/airflow/plugins
 # OpenLineage transport configurations (AIRFLOW__OPENLINEAGE__CONFIG_PATH picks one).
 COPY --chown=airflow:root docker/openlineage /opt/sparktune/openlineage
 

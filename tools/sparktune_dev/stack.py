@@ -211,6 +211,7 @@ def stack_env(
             HOME_ENV: str(config.home),
             "AIRFLOW_HOME": str(state / "airflow"),
             "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(state / "logs" / "tasks"),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": config.sqlalchemy_url(config.airflow_db),
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor" if config.executor == "celery" else "LocalExecutor",

@@ -58,6 +58,7 @@ def embedded_env(
         HOME_ENV: str(home),
         "AIRFLOW_HOME": str(settings.airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(project_root / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
