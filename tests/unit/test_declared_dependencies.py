@@ -10,25 +10,23 @@ that install it with ``importlib.metadata``.
 from __future__ import annotations
 
 import ast
-import re
 import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = (ROOT / "include" / "sparktune", ROOT / "include" / "sparktune_airflow", ROOT / "dags")
 FIRST_PARTY = {"sparktune", "sparktune_airflow"}
 
 
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _declared() -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = list(project["dependencies"])
-    return {_normalized(re.split(r"[\s<>=!~;\[(]", r, maxsplit=1)[0]) for r in requirements}
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
 def _imports(path: Path) -> set[str]:
@@ -52,10 +50,10 @@ def _distributions_of(module: str, installed: dict[str, list[str]]) -> set[str]:
     if parts[:2] == ["airflow", "providers"] and len(parts) > 2:
         # One top-level package, many distributions: a provider is the one named after its path.
         for depth in range(len(parts), 2, -1):
-            candidate = _normalized("apache-airflow-providers-" + "-".join(parts[2:depth]))
-            if any(_normalized(d) == candidate for d in installed.get("airflow", [])):
+            candidate = canonicalize_name("apache-airflow-providers-" + "-".join(parts[2:depth]))
+            if any(canonicalize_name(d) == candidate for d in installed.get("airflow", [])):
                 return {candidate}
-    return {_normalized(d) for d in installed.get(parts[0], [])}
+    return {canonicalize_name(d) for d in installed.get(parts[0], [])}
 
 
 def test_every_distribution_the_shipped_code_imports_is_declared():
