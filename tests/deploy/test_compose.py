@@ -448,6 +448,23 @@ def test_every_file_the_dockerfile_copies_exists():
     assert dests["include"] == "/opt/sparktune/include" and "tools" not in dests, dests
 
 
+def test_every_airflow_service_loads_the_plugins_the_image_copies(services):
+    """plugins/ (the operators' extra links, the Models page) is copied into the image and is the
+    plugins folder of every Airflow service, the api-server's included; no volume hides it."""
+    folder = dict(dockerfile_copies())["plugins"]
+    problems = []
+    for name, svc in airflow_services(services).items():
+        set_to = env_of(svc).get("AIRFLOW__CORE__PLUGINS_FOLDER")
+        if set_to != folder:
+            problems.append(f"{name}: AIRFLOW__CORE__PLUGINS_FOLDER is {set_to!r}, the image has {folder}")
+        for volume in svc.get("volumes") or []:
+            target = volume.get("target") if isinstance(volume, dict) else str(volume).split(":")[1]
+            if folder == target or folder.startswith(f"{target.rstrip('/')}/"):
+                problems.append(f"{name}: the volume {volume!r} hides the image's {folder}")
+    assert "airflow-apiserver" in airflow_services(services)
+    assert not problems, "\n".join(problems)
+
+
 def test_the_dockerfile_installs_the_lock_and_the_project_packages():
     text = " ".join(dockerfile_lines())
     assert "-r /opt/sparktune/requirements.lock" in text
