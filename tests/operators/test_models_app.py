@@ -184,6 +184,10 @@ def test_the_page_shows_the_champion_its_figures_gate_data_and_audit_escaped(mlf
     assert 'name="unpause" value="1" checked' in form and "disabled" not in form
     assert [c["path"] for c in api.calls] == ["/api/v2/dags/rollback_champion"]  # as admin
     assert api.calls[0]["user"] == "admin"
+    # In the UI's frame (no new tabs from there), the page names its own address for the links.
+    assert 'data-testid="own-url"' not in html
+    framed = client.get(PAGE, headers={"Sec-Fetch-Dest": "iframe"}).text
+    assert f"<code>http://airflow.test{PAGE}</code>" in framed
 
 
 def test_rollback_triggers_rollback_champion_through_the_rest_api_as_the_user(mlflow_env, auth):

@@ -190,7 +190,10 @@ def create_app(
             views, mlflow_ui = [], ""
             error = error or f"MLflow could not be read: {type(exc).__name__}: {exc}"
             status = max(status, 502)
-        html = render_models_page(ModelsPage(signed.name, views, mlflow_ui, control, notice, error))
+        # Sec-Fetch-Dest: the browser says the UI framed the page (Chromium and Firefox send it).
+        framed = request.headers.get("sec-fetch-dest") == "iframe"
+        own_url = str(request.url.replace(query="", fragment="")).removesuffix("rollback") if framed else ""
+        html = render_models_page(ModelsPage(signed.name, views, mlflow_ui, control, notice, error, own_url))
         return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
     @app.get("/models", include_in_schema=False)

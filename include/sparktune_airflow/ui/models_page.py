@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import jinja2
@@ -66,6 +67,9 @@ class ModelsPage:
     rollback: RollbackControl
     notice: RunNotice | None = None
     error: str = ""  # shown first (MLflow unreachable, a refused rollback)
+    # The page's own address, said when the UI frames it: Airflow 3.3 frames a plugin's page in a
+    # sandbox without allow-popups, so a link to MLflow or the Data Docs opens only from there.
+    own_url: str = ""
 
 
 def number(value: Any, signed: bool = False) -> str:
@@ -136,6 +140,14 @@ def approval_text(version: VersionView) -> str:
     return text + (f": {a['approval_comment']}" if a.get("approval_comment") else "")
 
 
+def audit_time(at: str) -> str:
+    """An audit record's ISO time as ``YYYY-MM-DD HH:MM:SS`` in UTC (as ``make models`` prints it)."""
+    try:
+        return datetime.fromisoformat(at).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return at
+
+
 def notice_text(notice: RunNotice) -> str:
     """What the run the page triggered asks for: ``model support-intent, to previous_champion``."""
     model = notice.conf.get("model_name")
@@ -161,6 +173,7 @@ _ENV.globals.update(
     quality_text=quality_text,
     approval_text=approval_text,
     notice_text=notice_text,
+    audit_time=audit_time,
 )
 
 _TEMPLATE = _ENV.from_string(
@@ -268,13 +281,18 @@ form.rollback { border: 1px solid #e2e8f0; padding: 8px 12px; margin: 8px 0; dis
 <h1>Models</h1>
 <p class="muted">Registered models in MLflow, as the pipeline recorded them. Signed in as
 <span data-testid="user">{{ page.user }}</span>.</p>
+{% if page.own_url %}
+<p class="muted" data-testid="own-url">Links to MLflow and the Data Docs open in a new tab from this
+page's own address, <code>{{ page.own_url }}</code>: the Airflow UI shows it in a frame that may not
+open tabs.</p>
+{% endif %}
 {% if page.error %}<div class="error" role="alert" data-testid="error">{{ page.error }}</div>{% endif %}
 {% if page.notice %}
 <div class="notice" data-testid="rollback-run">{{ ROLLBACK_DAG }} run <code>{{ page.notice.run_id }}</code>:
 <strong data-testid="rollback-run-state">{{ page.notice.state }}</strong>
 {%- if page.notice.triggered_by %}, triggered by {{ page.notice.triggered_by }}{% endif %}
 {%- if notice_text(page.notice) %}, {{ notice_text(page.notice) }}{% endif %}.
-Reload this page to follow it; Browse &rarr; Dag Runs in Airflow has its log.</div>
+Reload this page to follow it; the DAG's runs in Airflow have its log.</div>
 {% endif %}
 {% if not page.models and not page.error %}
 <p>No registered models yet. Run <code>make demo</code> (or <code>llm_finetune</code>) to register one.</p>
@@ -313,7 +331,7 @@ Reload this page to follow it; Browse &rarr; Dag Runs in Airflow has its log.</d
 <table data-testid="audit-log">
 <tr><th>time (UTC)</th><th>alias</th><th>from &rarr; to</th><th>kind</th><th>actor</th><th>reason</th></tr>
 {% for e in model.audit %}
-<tr><td class="num">{{ e.get("at", "") }}</td><td>{{ e.get("alias", "") }}</td>
+<tr><td class="num">{{ audit_time(e.get("at", "")) }}</td><td>{{ e.get("alias", "") }}</td>
 <td>{{ e.get("from_version") or "-" }} &rarr; {{ e.get("to_version", "") }}</td>
 <td>{{ e.get("kind", "move") }}</td><td><code>{{ e.get("actor", "") }}</code></td>
 <td>{{ e.get("reason", "") }}</td></tr>
