@@ -3,7 +3,7 @@
 - The operators' extra links. Airflow's docs: operator extra links "should be registered via
   Airflow Plugins or custom Airflow Provider to work" (the api-server renders a link it knows from a
   plugin). The links themselves live with the operators (``sparktune_airflow.core.links``).
-- The Models page (docs/decisions/0026-models-page-in-the-airflow-ui.md): a FastAPI app on the
+- The Models page (docs/decisions/0027-models-page-in-the-airflow-ui.md): a FastAPI app on the
   api-server under ``/sparktune``, shown in the UI's Browse menu by an external view, and a root
   middleware that lets it call the REST API in process. It lives in ``sparktune_airflow.ui``.
 """
