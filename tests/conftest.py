@@ -40,7 +40,7 @@ if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 # Airflow's first import puts $AIRFLOW_HOME/config and /plugins on sys.path, once per process: done
-# here, so that the leak guard below does not charge it to whichever test imports Airflow first.
+# here, before any test.
 import airflow  # noqa: E402, F401
 
 # py4j logs "Closing down clientserver connection" from __del__ at exit, after pytest closed the streams.
@@ -198,72 +198,30 @@ def spark():
     session.stop()
 
 
-# --- Leak guard: a test or test module that leaves process-global state changed fails ------------
-# What is guarded and why: tests/leak_guard.py. Each test is compared after its function-scoped
-# fixtures (monkeypatch included) are torn down with the state before they were set up; each module
-# after its module- and class-scoped fixtures are torn down (a fixture may hand the undoing to one it
-# depends on, like a module-scoped MonkeyPatch). A session-scoped fixture may set state for the whole
-# session: what its setup changes becomes part of what the open module check expects.
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
-
-_LEAK_HELP = (
-    "restore it: monkeypatch (setenv, chdir, syspath_prepend), or `with leak_guard.mlflow_restored():` "
-    "around code that sets MLflow's globals (mlflow.set_tracking_uri, set_experiment, start_run, the "
-    "operators' MLflow client), or `with leak_guard.restored():` in a module fixture"
-)
-_module_checks: dict[str, dict] = {}  # module node id -> the state its fixtures must leave
+# --- MLflow's process state: no test leaves it changed --------------------------------------------
+# The operators' MLflow client carries its server and credentials itself, and the domain points
+# MLflow's fluent API at a server only inside sparktune.model.process_setup.using_tracking_uri, which
+# puts it back. A global tracking URI or MLFLOW_* variable left behind would quietly send every later
+# test's MLflow calls in this process elsewhere (the global wins over a monkeypatched variable).
 
 
-def _leak_report(what: str, changed: list[str]) -> str:
-    return f"{what} left process-global state changed ({_LEAK_HELP}):\n  " + "\n  ".join(changed)
+def _mlflow_state() -> dict[str, object]:
+    state: dict[str, object] = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
+    if "mlflow" in sys.modules:  # importing it sets none of these
+        from mlflow.tracking import fluent
+        from mlflow.tracking._tracking_service import utils
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_leaked_process_state_per_module(request):
-    module = request.node.nodeid
-    _module_checks[module] = leak_guard.snapshot()
-    yield
-    before = _module_checks.pop(module)
-    changed = leak_guard.differences(before, leak_guard.snapshot())
-    if changed:
-        leak_guard.restore(before)  # so that the next module starts clean and only this one fails
-        pytest.fail(_leak_report(f"the module-scoped fixtures of {module}", changed), pytrace=False)
+        run = fluent.active_run()
+        state["tracking URI (mlflow.set_tracking_uri)"] = utils._tracking_uri
+        state["active experiment"] = fluent._active_experiment_id
+        state["active run"] = run.info.run_id if run else None
+    return {k: v for k, v in state.items() if v is not None}
 
 
 @pytest.fixture(autouse=True)
-def _no_leaked_process_state(request):
-    spark = request.getfixturevalue("spark") if "spark" in request.fixturenames else None
-    before = leak_guard.snapshot(spark)
+def _mlflow_state_unchanged():
+    before = _mlflow_state()
     yield
-    changed = leak_guard.differences(before, leak_guard.snapshot(spark))
-    if changed:
-        leak_guard.restore(before, spark)  # so that the next test starts clean and only this one fails
-        pytest.fail(_leak_report(request.node.nodeid, changed), pytrace=False)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    if fixturedef.scope != "session" or not _module_checks:
-        return (yield)
-    before = leak_guard.snapshot()
-    result = yield
-    after = leak_guard.snapshot()
-    for expected in _module_checks.values():
-        for key in set(before) | set(after):
-            if before.get(key) != after.get(key):
-                if key in after:
-                    expected[key] = after[key]
-                else:
-                    expected.pop(key, None)
-    return result
-
-
-@pytest.fixture
-def restore_mlflow_globals():
-    """For a test whose code sets MLflow's globals (the operators' MLflow client, training or
-    evaluation run in this process): they are put back after it (tests/leak_guard.py)."""
-    with leak_guard.mlflow_restored():
-        yield
+    after = _mlflow_state()
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"the test left MLflow's process state changed (names only): {changed}"

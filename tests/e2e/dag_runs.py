@@ -70,14 +70,9 @@ def pyfunc_answers(home: Path, model_uri: str, texts: list[str]) -> dict:
     """``mlflow.pyfunc.load_model(model_uri).predict(texts)`` against the home's store, MLflow's
     global tracking URI left as it was."""
     import mlflow
+    from sparktune.model.process_setup import using_tracking_uri
 
-    try:
-        from tests import leak_guard
-    except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-        import leak_guard
-
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    with using_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"):  # models:/ reads the globals
         return mlflow.pyfunc.load_model(model_uri).predict(texts)
 
 

@@ -20,10 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.e2e.dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers, served_answers
 except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
     from dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers, served_answers
 
 pytestmark = pytest.mark.e2e
@@ -33,14 +31,6 @@ _SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
 DEMO_ROWS = 2500
 # What make demo runs: no training params, so the recipe comes from the built-in base model.
 FAST_TRAINING: dict = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _restore_tracking_uri():
-    # Nothing here should set MLflow's globals (_client hands out a client bound to the DAG's store);
-    # if something does, later test modules must not inherit it.
-    with leak_guard.mlflow_restored():
-        yield
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +98,7 @@ def run_dag(home: Path, conf: dict, dag: str = "llm_finetune") -> subprocess.Com
 
 
 def _client(home: Path):
-    """A client of the DAG's store; MLflow's global tracking URI stays as it was (a test that set it
-    would leave it to every later test: tests/leak_guard.py)."""
+    """A client of the DAG's store; MLflow's global tracking URI stays as it was."""
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
@@ -441,9 +430,9 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     assert {text: trained_on.get(text.strip()) for text in truth} == truth
     # ... and the new champion predicts the fixed texts with their new labels.
     import mlflow
+    from sparktune.model.process_setup import using_tracking_uri
 
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    with using_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"):  # models:/ reads the globals
         model = mlflow.pyfunc.load_model("models:/support-intent-stream@champion")
         answers = model.predict(list(truth))
     predicted = dict(zip(truth, answers["prediction"], strict=True))

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.e2e.dag_runs import (
         assert_same_predictions,
         evaluated_split,
@@ -33,7 +32,6 @@ try:
         served_answers,
     )
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    import leak_guard
     from dag_runs import (
         assert_same_predictions,
         evaluated_split,
@@ -100,9 +98,9 @@ def test_smollm2_from_its_gguf_file_trains_in_its_own_chat_template(home, smollm
     assert converted.startswith(str(home / "models" / "base" / "gguf" / "SmolLM2-135M-Instruct.Q4_1-"))
     labels = json.loads(champion.tags["labels"])
     import mlflow
+    from sparktune.model.process_setup import using_tracking_uri
 
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
+    with using_tracking_uri(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}"):  # models:/ reads the globals
         info = mlflow.models.get_model_info(f"models:/{SMOLLM2_MODEL}@champion")
     template = info.flavors["python_function"]["config"]["prompt_template"]
     assert template.startswith("<|im_start|>system\n")

@@ -14,11 +14,6 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
-
 pytestmark = pytest.mark.e2e
 
 _SESSION_ONLY = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
@@ -50,6 +45,7 @@ def registry(tmp_path_factory):
     import mlflow
     from mlflow.tracking import MlflowClient
     from sparktune.core.config import Settings
+    from sparktune.model.process_setup import using_tracking_uri
     from sparktune.release.registry import CHAMPION, move_alias, register_run_model
 
     class Echo(mlflow.pyfunc.PythonModel):
@@ -60,19 +56,19 @@ def registry(tmp_path_factory):
     settings = Settings(home=home)
     settings.mlflow_dir.mkdir(parents=True)
     client = MlflowClient(settings.embedded_mlflow_uri)
-    # The fluent API (start_run, register_run_model) needs the global tracking URI on this store;
-    # the tests only use the client, so the global is put back as soon as the registry is built.
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(settings.embedded_mlflow_uri)
-        experiment = client.create_experiment("rollback-e2e", artifact_location=settings.mlflow_artifact_root)
-        for version in ("1", "2"):
-            with mlflow.start_run(experiment_id=experiment) as run:
-                mlflow.pyfunc.log_model(name="model", python_model=Echo(), pip_requirements=[])
-            assert (
-                register_run_model(client, MODEL, run.info.run_id, {"data_fingerprint": f"fp{version}"})
-                == version
-            )
-            move_alias(client, MODEL, CHAMPION, version, actor="test", reason=f"promote v{version}")
+    experiment = client.create_experiment("rollback-e2e", artifact_location=settings.mlflow_artifact_root)
+    for version in ("1", "2"):
+        # The fluent API (start_run, log_model) on this store, for this block only.
+        with (
+            using_tracking_uri(settings.embedded_mlflow_uri),
+            mlflow.start_run(experiment_id=experiment) as run,
+        ):
+            mlflow.pyfunc.log_model(name="model", python_model=Echo(), pip_requirements=[])
+        assert (
+            register_run_model(client, MODEL, run.info.run_id, {"data_fingerprint": f"fp{version}"})
+            == version
+        )
+        move_alias(client, MODEL, CHAMPION, version, actor="test", reason=f"promote v{version}")
     return home, client
 
 

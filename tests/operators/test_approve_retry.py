@@ -12,11 +12,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-try:
-    from tests import leak_guard
-except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
-    import leak_guard
-
 
 class TaskInstance:
     dag_id, run_id, task_id, map_index = "llm_finetune", "manual__1", "approve_champion", -1
@@ -85,8 +80,7 @@ def test_a_retry_uses_the_answer_its_earlier_try_received(monkeypatch, recorded,
     )
     operator = _operator()
     ti = TaskInstance(try_number=2)
-    with leak_guard.mlflow_restored():  # the operator's MLflow client sets MLflow's tracking URI
-        result = operator.execute({"ti": ti, "task_instance": ti})
+    result = operator.execute({"ti": ti, "task_instance": ti})
 
     assert result["chosen_options"] == ["Reject"]
     ((version, decision, kw),) = recorded

@@ -145,7 +145,7 @@ def _baseline_result(n: int = 200):
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch, restore_mlflow_globals):
+def registry(tmp_path, monkeypatch):
     from sparktune_airflow.core import domain_cli
     from sparktune_airflow.core.mlflow import MLflowHook
 
@@ -155,8 +155,6 @@ def registry(tmp_path, monkeypatch, restore_mlflow_globals):
     FakeSubprocessHook.commands = []
     FakeSubprocessHook.champion_labels = None
     FakeSubprocessHook.base_model_applicable = True
-    # The operators' MLflow client points MLflow's global tracking URI at this test's store, which
-    # would outlive the test (monkeypatch restores only the variable): restore_mlflow_globals.
     client = MLflowHook(mlflow_conn_id=None).get_conn()
     experiment = client.create_experiment("sparktune-eval-op", artifact_location=str(tmp_path / "artifacts"))
     runs = [client.create_run(experiment).info.run_id for _ in range(2)]

@@ -49,9 +49,7 @@ def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_t
         operator.execute({})
 
 
-def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
-    tmp_path, monkeypatch, restore_mlflow_globals
-):
+def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
     from sparktune.core.params import parse_params
     from sparktune.core.provenance import code_fingerprint

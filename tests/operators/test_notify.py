@@ -110,11 +110,10 @@ class _TaskInstance:
     dag_id, run_id, task_id = "champion_guard", "scheduled__2026-11-26T10:17:00+00:00", "check_champion"
 
 
-def test_the_guard_tells_the_team_of_a_champion_set_by_hand(
-    receivers, tmp_path, monkeypatch, restore_mlflow_globals
-):
+def test_the_guard_tells_the_team_of_a_champion_set_by_hand(receivers, tmp_path, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
+    from sparktune.model.process_setup import using_tracking_uri
     from sparktune.release.registry import CHAMPION, move_alias, register_run_model
     from sparktune_airflow import ChampionGuardOperator
 
@@ -122,8 +121,6 @@ def test_the_guard_tells_the_team_of_a_champion_set_by_hand(
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("AIRFLOW_CONN_MLFLOW_DEFAULT", raising=False)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("guard")
 
     class Echo(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input, params=None):
@@ -131,8 +128,10 @@ def test_the_guard_tells_the_team_of_a_champion_set_by_hand(
 
     client = MlflowClient(uri)
     versions = []
+    experiment = client.create_experiment("guard")
     for _ in range(2):
-        with mlflow.start_run() as run:
+        # The fluent API, for the runs training would leave.
+        with using_tracking_uri(uri), mlflow.start_run(experiment_id=experiment) as run:
             mlflow.pyfunc.log_model(name="model", python_model=Echo(), pip_requirements=[])
         versions.append(register_run_model(client, "guarded", run.info.run_id, {}))
     move_alias(

@@ -49,6 +49,8 @@ from typing import Any
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from sparktune.core.experiments import get_or_create_experiment
+from sparktune.model.process_setup import using_tracking_uri
 from sparktune.release.registry import (
     AUDIT_EXPERIMENT,
     CANDIDATE,
@@ -60,11 +62,6 @@ from sparktune.release.registry import (
 )
 from sparktune_airflow import PromoteModelOperator, PromotionGateOperator, RegisterModelOperator
 from sparktune_dev.stack import StackConfig, drop_databases, ensure_databases, mlflow_command
-
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
 
 pytestmark = pytest.mark.slow
 
@@ -304,7 +301,7 @@ def proxy(server):
 
 
 @pytest.fixture()
-def env(proxy, monkeypatch, restore_mlflow_globals):
+def env(proxy, monkeypatch):
     """The task's environment: mlflow_default at the proxy, MLflow's retries turned down."""
     connection = {"conn_type": "generic", "host": "127.0.0.1", "port": proxy.port, "schema": "http"}
     monkeypatch.setenv("AIRFLOW_CONN_MLFLOW_DEFAULT", json.dumps(connection))
@@ -313,7 +310,7 @@ def env(proxy, monkeypatch, restore_mlflow_globals):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_JITTER", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    yield  # the operators' MLflow client sets MLflow's globals: restore_mlflow_globals puts them back
+    yield
     proxy.cut = None
     if not proxy.is_up:
         proxy.up()
@@ -333,11 +330,9 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 def trained_run(server: MlflowServer) -> str:
     """A finished MLflow run with a logged model, as ``train`` leaves one (the registry does not
     look inside the model, so a tiny pyfunc stands in for the fine-tuned one)."""
-    with leak_guard.mlflow_restored():  # the URI and the experiment, for the fluent calls only
-        mlflow.set_tracking_uri(server.url)
-        mlflow.set_experiment("sparktune-outage-intent")
-        with mlflow.start_run() as run:
-            mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
+    experiment = get_or_create_experiment(MlflowClient(server.url), "sparktune-outage-intent")
+    with using_tracking_uri(server.url), mlflow.start_run(experiment_id=experiment) as run:
+        mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
     return run.info.run_id
 
 

@@ -282,7 +282,7 @@ def test_train_timeout_minutes_is_the_time_limit_and_reaching_it_stops_the_train
 
 @pytest.mark.spark
 def test_spark_backend_runs_ddp_with_two_processes_on_a_standalone_cluster(
-    workspace, standalone_cluster, monkeypatch, restore_mlflow_globals
+    workspace, standalone_cluster, monkeypatch
 ):
     from sparktune_airflow import RegisterModelOperator
 

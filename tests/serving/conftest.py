@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.serving.serving_harness import KEYWORD_MODEL, V1_CONFIG, V2_CONFIG, LoggedVersion, Registry
 except ImportError:  # tests/ is not a package: pytest put tests/ and this folder on sys.path
-    import leak_guard
     from serving_harness import KEYWORD_MODEL, V1_CONFIG, V2_CONFIG, LoggedVersion, Registry
 
 
@@ -19,6 +17,7 @@ def registry(tmp_path_factory) -> Registry:
     import mlflow
     import pandas as pd
     from mlflow.models import infer_signature
+    from sparktune.model.process_setup import using_tracking_uri
 
     root = tmp_path_factory.mktemp("serving-registry")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -26,8 +25,7 @@ def registry(tmp_path_factory) -> Registry:
         pd.DataFrame({"text": ["a refund please"]}), pd.DataFrame({"prediction": ["x"], "score": [0.5]})
     )
     uris = []
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(uri)
+    with using_tracking_uri(uri):  # the fluent API (log_model takes no client), for this block only
         artifacts = (root / "artifacts").as_uri()
         experiment = mlflow.create_experiment("serving-tests", artifact_location=artifacts)
         for config in (V1_CONFIG, V2_CONFIG):

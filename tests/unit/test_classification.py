@@ -8,15 +8,11 @@ from pathlib import Path
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.unit import tiny_model
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    import leak_guard
     import tiny_model
 
-# Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
-pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 # Measured here (seed 7, batch 16, float32): full reaches 0.96 test accuracy at 120 steps; LoRA on
 # q/v plus the head 0.71 at 100 steps (a random 2-layer base gives adapters little to work with).
@@ -41,16 +37,14 @@ def lora_run(root):
 
     # lora_modules_to_save=lm_head comes from the causal config: the classifier has no lm_head,
     # so it is dropped with a warning and peft trains the head (score) in full by itself.
-    with leak_guard.mlflow_restored():
-        return train(_request(root, "cls-lora"))
+    return train(_request(root, "cls-lora"))
 
 
 @pytest.fixture(scope="module")
 def full_run(root):
     from sparktune.model.training import train
 
-    with leak_guard.mlflow_restored():
-        return train(_request(root, "cls-full"))
+    return train(_request(root, "cls-full"))
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,11 @@ import math
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.unit import tiny_model
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    import leak_guard
     import tiny_model
 
-# Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
-pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +24,9 @@ def full_run(root):
 def test_result(root, full_run):
     from sparktune.release.evaluation import evaluate_model
 
-    with leak_guard.mlflow_restored():  # evaluate_model leaves MLflow's global tracking URI set
-        return evaluate_model(
-            full_run.model_uri, str(root / "data"), tracking_uri=tiny_model.tracking_uri(root), batch_size=16
-        )
+    return evaluate_model(
+        full_run.model_uri, str(root / "data"), tracking_uri=tiny_model.tracking_uri(root), batch_size=16
+    )
 
 
 def test_trained_model_beats_chance(test_result):

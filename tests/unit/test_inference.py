@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 
 try:
-    from tests import leak_guard
     from tests.unit import tiny_model
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
-    import leak_guard
     import tiny_model
-
-# resolve_model and the batch inference job set MLflow's globals in this process: put back after each test.
-pytestmark = pytest.mark.usefixtures("restore_mlflow_globals")
 
 MODEL_NAME = "tiny-intent-inference"
 SCORED_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
@@ -26,16 +21,12 @@ SCORED_AT = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 def registered(root, torch_single_thread):
     """The tiny full fine-tune registered as MODEL_NAME@champion; returns (root, tracking uri)."""
     from mlflow.tracking import MlflowClient
-    from sparktune.model.process_setup import using_tracking_uri
     from sparktune.release.registry import register_run_model
 
     result = tiny_model.trained(root, "full")
     uri = tiny_model.tracking_uri(root)
     client = MlflowClient(tracking_uri=uri)
-    with leak_guard.mlflow_restored(), using_tracking_uri(uri):
-        version = register_run_model(
-            client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-tiny"}
-        )
+    version = register_run_model(client, MODEL_NAME, result.mlflow_run_id, {"data_fingerprint": "fp-tiny"})
     client.set_registered_model_alias(MODEL_NAME, "champion", version)
     return root, uri
 
@@ -45,8 +36,7 @@ def model_ref(registered):
     from sparktune.serve.inference import resolve_model
 
     root, uri = registered
-    with leak_guard.mlflow_restored():  # resolve_model points MLflow's globals at uri (using_tracking_uri)
-        return resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
+    return resolve_model(MODEL_NAME, "champion", uri, download_dir=root / "inference-models")
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,9 @@ from __future__ import annotations
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from sparktune.model.process_setup import using_tracking_uri
 from sparktune.release.models_report import format_models_report, main, models_report, registry_missing, table
 from sparktune.release.registry import CANDIDATE, CHAMPION, move_alias, register_run_model, rollback_champion
-
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
 
 MODEL = "report-intent"
 # Actors as the operators write them: airflow:<dag>/<run id>/<task>.
@@ -30,32 +26,27 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 def registry(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-report")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    # The fluent calls (start_run, log_model, register_model) go to this store; afterwards MLflow's
-    # globals and MLFLOW_TRACKING_URI are exactly as before (the session's store).
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(uri)
-        experiment = mlflow.create_experiment("report-test", artifact_location=(root / "artifacts").as_uri())
-        client = MlflowClient(uri)
-        versions = []
-        for accuracy, fingerprint in ((0.8125, "fp-one"), (0.9375, "fp-two")):
-            with mlflow.start_run(experiment_id=experiment) as run:
-                mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
-                mlflow.log_metrics(
-                    {"eval_accuracy": accuracy, "eval_macro_f1": accuracy - 0.1, "eval_loss": 0.5}
-                )
-                mlflow.set_tag("sparktune.data_fingerprint", fingerprint)
-            versions.append(register_run_model(client, MODEL, run.info.run_id, {}))
-        v1, v2 = versions
-        # v1 carries its metrics and fingerprint as version tags (what the evaluate task writes);
-        # v2 only in its run: the report reads both.
-        client.set_model_version_tag(MODEL, v1, "eval_accuracy", "0.812500")
-        client.set_model_version_tag(MODEL, v1, "data_fingerprint", "fp-one")
-        client.set_model_version_tag(MODEL, v1, "gate_decision", "promote")
-        move_alias(client, MODEL, CANDIDATE, v2, actor=REGISTER, reason="registered")
-        move_alias(client, MODEL, CHAMPION, v1, actor=PROMOTE_1, reason="first")
-        move_alias(client, MODEL, CHAMPION, v2, actor=PROMOTE_2, reason="passed\nthe gate")
-        rollback_champion(client, MODEL, None, actor=ROLLBACK, reason="v2 misroutes")
-        yield uri, client
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("report-test", artifact_location=(root / "artifacts").as_uri())
+    versions = []
+    for accuracy, fingerprint in ((0.8125, "fp-one"), (0.9375, "fp-two")):
+        # The fluent calls (start_run, log_model), for this block only.
+        with using_tracking_uri(uri), mlflow.start_run(experiment_id=experiment) as run:
+            mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
+            mlflow.log_metrics({"eval_accuracy": accuracy, "eval_macro_f1": accuracy - 0.1, "eval_loss": 0.5})
+            mlflow.set_tag("sparktune.data_fingerprint", fingerprint)
+        versions.append(register_run_model(client, MODEL, run.info.run_id, {}))
+    v1, v2 = versions
+    # v1 carries its metrics and fingerprint as version tags (what the evaluate task writes);
+    # v2 only in its run: the report reads both.
+    client.set_model_version_tag(MODEL, v1, "eval_accuracy", "0.812500")
+    client.set_model_version_tag(MODEL, v1, "data_fingerprint", "fp-one")
+    client.set_model_version_tag(MODEL, v1, "gate_decision", "promote")
+    move_alias(client, MODEL, CANDIDATE, v2, actor=REGISTER, reason="registered")
+    move_alias(client, MODEL, CHAMPION, v1, actor=PROMOTE_1, reason="first")
+    move_alias(client, MODEL, CHAMPION, v2, actor=PROMOTE_2, reason="passed\nthe gate")
+    rollback_champion(client, MODEL, None, actor=ROLLBACK, reason="v2 misroutes")
+    return uri, client
 
 
 def test_report_has_versions_aliases_metrics_and_audit(registry):
@@ -95,9 +86,7 @@ def test_table_aligns_columns():
     assert lines == [" n  name", "--  ----", " 1  a", "10  bbb"]
 
 
-def test_cli_prints_all_models_and_refuses_an_unknown_one(
-    registry, monkeypatch, capsys, restore_mlflow_globals
-):
+def test_cli_prints_all_models_and_refuses_an_unknown_one(registry, monkeypatch, capsys):
     uri, _ = registry
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     assert main([]) == 0

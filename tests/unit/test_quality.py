@@ -31,11 +31,6 @@ from sparktune.data.quality_rules import (
     warning_rules,
 )
 
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
-
 pytestmark = pytest.mark.spark
 
 COLUMNS = ["example_id", "text", "label", "prompt", "completion", "n_tokens", "split"]
@@ -121,7 +116,8 @@ def gate_report(spark, gx_root, tmp_path_factory) -> QualityReport:
         }
     )
     pq.write_to_dataset(prepared, data / "prepared", partition_cols=["split"])  # as preparation writes it
-    with leak_guard.restored():  # GX's plugins folder on sys.path, as in _home
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", list(sys.path))  # GX's plugins folder on sys.path, as in _home
         report = run_quality_gate(
             spark,
             PARAMS,
@@ -161,7 +157,8 @@ DEFECT_PARAMS = parse_params({**PARAMS.to_dict(), "quality_warning_rules": "text
 def defect_report(spark, gx_root, gate_report) -> QualityReport:
     # Depends on gate_report so this run reuses the GX project the first run created.
     df = spark.createDataFrame(DEFECT_ROWS, COLUMNS)
-    with leak_guard.restored():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", list(sys.path))
         return validate_prepared(
             df, DEFECT_PARAMS, gx_root=gx_root, run_id="manual__2026-01-02T00:00:00+00:00"
         )
@@ -175,7 +172,8 @@ RAW_PARAMS = parse_params({"text_column": "message", "id_column": "ticket_id", "
 @pytest.fixture(scope="module")
 def raw_defect_report(spark, gx_root, gate_report) -> QualityReport:
     df = spark.createDataFrame(RAW_DEFECTS, "MESSAGE bigint, intent_label string, quality_score boolean")
-    with leak_guard.restored():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", list(sys.path))
         return validate_raw(df, RAW_PARAMS, gx_root=gx_root, run_id="raw-defects")
 
 

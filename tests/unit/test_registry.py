@@ -9,6 +9,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+from sparktune.model.process_setup import using_tracking_uri
 from sparktune.release.approval import ApprovalDecision, decision_from_response, record_decision
 from sparktune.release.champion_guard import check_champion, check_champions
 from sparktune.release.registry import (
@@ -24,32 +25,21 @@ from sparktune.release.registry import (
     rollback_champion,
 )
 
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
-
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     # One database per module: creating MLflow's schema costs seconds.
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    # The module's tests use the fluent API (start_run, register_model) on this store; afterwards
-    # MLflow's globals and MLFLOW_TRACKING_URI are exactly as before (the session's store).
-    with leak_guard.mlflow_restored():
-        mlflow.set_tracking_uri(uri)
-        experiment = mlflow.create_experiment(
-            "registry-test", artifact_location=(root / "artifacts").as_uri()
-        )
-        yield uri, experiment
+    experiment = MlflowClient(uri).create_experiment(
+        "registry-test", artifact_location=(root / "artifacts").as_uri()
+    )
+    return uri, experiment
 
 
 @pytest.fixture()
-def client(store, restore_mlflow_globals):
-    uri, experiment = store
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment_id=experiment)
+def client(store):
+    uri, _ = store
     return MlflowClient(uri)
 
 
@@ -64,8 +54,10 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 
 
 def _run_with_model(client: MlflowClient) -> str:
-    # A real logged model: MLflow 3 registers LoggedModels, not bare artifact folders.
-    with mlflow.start_run() as run:
+    # A real logged model: MLflow 3 registers LoggedModels, not bare artifact folders. Logging one
+    # takes the fluent API, for this block only.
+    experiment = client.get_experiment_by_name("registry-test").experiment_id
+    with using_tracking_uri(client.tracking_uri), mlflow.start_run(experiment_id=experiment) as run:
         mlflow.pyfunc.log_model(name="model", python_model=_EchoModel(), pip_requirements=[])
     return run.info.run_id
 

@@ -14,9 +14,7 @@ try:
 except ImportError:  # tests/ is not a package: pytest put this folder on sys.path
     import tiny_model
 
-# Training, evaluation and model loading run in this process and set MLflow's globals
-# (sparktune.model.process_setup.using_tracking_uri leaves the tracking URI set): put back after each test.
-pytestmark = pytest.mark.usefixtures("torch_single_thread", "restore_mlflow_globals")
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,6 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-try:
-    from tests import leak_guard
-except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
-    import leak_guard
-
 # Each label has keywords that appear only in its texts, so the rule is learnable in a few
 # dozen steps; the filler words give the texts different lengths (20-60 tokens).
 KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -217,10 +212,7 @@ def trained(root: Path, name: str):
 
     key = (str(root), name)
     if key not in _RUNS:
-        # train() leaves MLflow's global tracking URI set (using_tracking_uri): whichever test or
-        # fixture trains first must not hand it to the tests after it.
-        with leak_guard.mlflow_restored():
-            _RUNS[key] = train(train_request(root, name))
+        _RUNS[key] = train(train_request(root, name))
     return _RUNS[key]
 
 

@@ -15,17 +15,14 @@ from sparktune.core.config import DEFAULT_MODEL_NAME, settings
 
 def model_summary(model_name: str) -> dict:
     """The newest version of ``model_name`` with its run's pipeline record; raises LookupError if none."""
-    import mlflow
     from mlflow.tracking import MlflowClient
     from sparktune.release import base_model_eval
 
-    mlflow.set_tracking_uri(settings().mlflow_tracking_uri)
-    client = MlflowClient()
+    uri = settings().mlflow_tracking_uri
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     versions = client.search_model_versions(f"name = '{model_name}'")
     if not versions:
-        raise LookupError(
-            f"no registered model {model_name!r} in {settings().mlflow_tracking_uri}; run `make demo` first"
-        )
+        raise LookupError(f"no registered model {model_name!r} in {uri}; run `make demo` first")
     newest = max(versions, key=lambda v: int(v.version))
     aliases = {
         alias: v.version
@@ -33,8 +30,8 @@ def model_summary(model_name: str) -> dict:
         for alias in client.get_model_version(model_name, v.version).aliases
     }
     run = client.get_run(newest.run_id)
-    prepare = _load_json_artifact(newest.run_id, "pipeline/prepare_summary.json")
-    trained = _load_json_artifact(newest.run_id, "train_result.json")
+    prepare = _load_json_artifact(client, newest.run_id, "pipeline/prepare_summary.json")
+    trained = _load_json_artifact(client, newest.run_id, "train_result.json")
     return {
         "model_name": model_name,
         "version": newest.version,
@@ -54,16 +51,18 @@ def model_summary(model_name: str) -> dict:
         "prepare_steps": (prepare or {}).get("steps", []),
         "split_counts": (prepare or {}).get("split_counts", {}),
         "label_conflicts": (prepare or {}).get("label_conflicts") or {},
-        "feedback": _load_json_artifact(newest.run_id, "pipeline/feedback_summary.json") or {},
+        "feedback": _load_json_artifact(client, newest.run_id, "pipeline/feedback_summary.json") or {},
         "recipe": (trained or {}).get("recipe", {}),
     }
 
 
-def _load_json_artifact(run_id: str, path: str) -> dict | None:
-    import mlflow
+def _load_json_artifact(client, run_id: str, path: str) -> dict | None:
+    import tempfile
+    from pathlib import Path
 
     try:
-        return mlflow.artifacts.load_dict(f"runs:/{run_id}/{path}")
+        with tempfile.TemporaryDirectory() as tmp:
+            return json.loads(Path(client.download_artifacts(run_id, path, tmp)).read_text())
     except Exception:  # an older run without the record: the summary just omits it
         return None
 

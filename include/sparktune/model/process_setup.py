@@ -1,5 +1,5 @@
 """Process-wide state a model process (training, evaluation, smoke test, serving) sets: where its logs
-go, and which MLflow tracking server the fluent API talks to for a block.
+go, and which MLflow tracking server the fluent API talks to for a block (and nothing after it).
 """
 
 from __future__ import annotations
@@ -29,17 +29,27 @@ def configure_process_logging() -> None:
 
 @contextmanager
 def using_tracking_uri(uri: str) -> Iterator[None]:
-    """Point MLflow's fluent API at ``uri`` for a block, then restore what the caller had.
+    """Point MLflow's fluent API at ``uri`` for a block, then put MLflow's global tracking URI back.
 
-    ``mlflow.set_tracking_uri`` also sets ``MLFLOW_TRACKING_URI`` in the environment, which would
-    otherwise leak into everything the process does afterwards.
+    The one place the domain sets MLflow's globals: ``mlflow.start_run`` and the logging calls under
+    it, ``mlflow.pyfunc.log_model``, and loading or downloading a ``models:/`` URI
+    (``mlflow.pyfunc.load_model``, ``mlflow.artifacts.download_artifacts``) reach the server the
+    process points at and take no client; everything else takes an ``MlflowClient``. After the block
+    the global and ``MLFLOW_TRACKING_URI`` (which ``mlflow.set_tracking_uri`` writes) are as before:
+    a global that was only the variable's value is left unset, not pinned. The block passes
+    ``experiment_id=`` rather than calling ``mlflow.set_experiment``, which would outlive it.
     """
     import mlflow
 
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    saved_env = os.environ.get("MLFLOW_TRACKING_URI")
+    # The global, if one is set: what get_tracking_uri answers other than the variable's value.
+    saved = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        # None also unsets the environment variable.
-        mlflow.set_tracking_uri(saved)
+        mlflow.set_tracking_uri(None if saved == saved_env else saved)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved_env

@@ -54,15 +54,13 @@ def find_finished_run(client: Any, experiment_id: str, train_key: str) -> str | 
     return None
 
 
-def load_finished_result(tracking_uri: str, experiment_name: str, train_key: str) -> dict[str, Any] | None:
-    """The ``TrainResult`` (as a dict) of the finished run of ``train_key``, or None if there is none.
+def load_finished_result(client: Any, experiment_name: str, train_key: str) -> dict[str, Any] | None:
+    """The ``TrainResult`` (as a dict) of the finished run of ``train_key``, or None if there is none;
+    ``client``: an ``MlflowClient`` on the server the training logged to.
 
     This is how a caller learns the outcome whatever ran the training (a local process, a Spark
     application or a Databricks job): through the MLflow run, not through a local file.
     """
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return None

@@ -200,12 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(missing)
         return 0
-    import mlflow
     from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
     try:
-        reports = models_report(MlflowClient(uri), args.model_name.strip() or None)
+        reports = models_report(
+            MlflowClient(tracking_uri=uri, registry_uri=uri), args.model_name.strip() or None
+        )
     except LookupError as exc:
         print(f"{exc}. Pick one with MODEL=<name> (make models) or --model-name.", file=sys.stderr)
         return 1

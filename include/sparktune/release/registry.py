@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from urllib.parse import urlparse
 
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 from mlflow.tracking import MlflowClient
 from sparktune.core.experiments import get_or_create_experiment
 
@@ -65,21 +68,62 @@ def register_run_model(
     client: MlflowClient, model_name: str, run_id: str, tags: dict[str, str], artifact_path: str = "model"
 ) -> str:
     """Register the model logged by ``run_id``; a retry finds the version it made instead of adding one."""
-    import mlflow
-
     existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
     if existing:
         version = str(min(int(v.version) for v in existing))
         log.info("run %s is already registered as %s version %s", run_id, model_name, version)
     else:
-        # mlflow.register_model resolves runs:/ to the LoggedModel the run produced (MLflow 3 keeps
-        # those outside the run's artifact folder), so the version's source is what the run logged.
-        registered = mlflow.register_model(f"runs:/{run_id}/{artifact_path}", model_name, tags=tags)
-        version = _one_version_of_run(client, model_name, run_id, str(registered.version))
+        registered = _create_version(client, model_name, run_id, artifact_path, tags)
+        version = _one_version_of_run(client, model_name, run_id, registered)
         log.info("registered run %s as %s version %s", run_id, model_name, version)
     for key, value in tags.items():
         client.set_model_version_tag(model_name, version, key, value)
     return version
+
+
+def _create_version(
+    client: MlflowClient, model_name: str, run_id: str, artifact_path: str, tags: dict[str, str]
+) -> str:
+    """A new version of ``model_name`` from the model ``run_id`` logged as ``artifact_path``.
+
+    What ``mlflow.register_model("runs:/<run>/<artifact_path>")`` does, through ``client``: the
+    version's source is ``models:/<model id>`` of the run's LoggedModel of that name (the one logged
+    last if a resumed run logged two; MLflow 3 keeps it outside the run's artifact folder).
+    """
+    try:
+        client.create_registered_model(model_name)
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    run = client.get_run(run_id)
+    logged, page_token = [], None
+    while True:
+        page = client.search_logged_models(
+            experiment_ids=[run.info.experiment_id],
+            filter_string=f"name = '{artifact_path}' AND source_run_id = '{run_id}'",
+            page_token=page_token,
+        )
+        logged.extend(m for m in page if m.source_run_id == run_id)
+        page_token = page.token
+        if not page_token:
+            break
+    if not logged:
+        raise MlflowException(
+            f"run {run_id} logged no model named {artifact_path!r}", error_code=RESOURCE_DOES_NOT_EXIST
+        )
+    steps = {o.model_id: o.step for o in (run.outputs.model_outputs if run.outputs else [])}
+    model = max(logged, key=lambda m: (steps.get(m.model_id, -1), m.creation_timestamp or 0))
+    # A SQL registry in this process (the embedded store) looks a models:/ source up through MLflow's
+    # process-wide tracking URI, not this client's (SqlAlchemyStore.create_model_version); a server
+    # looks it up in its own store. For this one call, a local store gets the process pointed at it.
+    from sparktune.model.process_setup import using_tracking_uri
+
+    server = urlparse(client.tracking_uri).scheme in ("http", "https", "databricks")
+    with nullcontext() if server else using_tracking_uri(client.tracking_uri):
+        created = client.create_model_version(
+            model_name, f"models:/{model.model_id}", run_id=run_id, tags=tags, model_id=model.model_id
+        )
+    return str(created.version)
 
 
 def _one_version_of_run(client: MlflowClient, model_name: str, run_id: str, registered: str) -> str:

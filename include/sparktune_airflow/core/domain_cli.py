@@ -4,21 +4,23 @@ its exit code means for the task (fail at once, or retry)."""
 
 from __future__ import annotations
 
-import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.providers.standard.hooks.subprocess import SubprocessHook
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 
-def run_module(module: str, *args: str) -> Any:
-    """``python -m module args`` on this worker's interpreter and environment, its output in the task log.
+def run_module(module: str, *args: str, env: Mapping[str, str]) -> Any:
+    """``python -m module args`` on this worker's interpreter, its output in the task log, in
+    ``env`` (the task's environment with its MLflow connection: ``MLflowHook.process_env()``).
 
     Evaluation and the smoke test run in a process of their own so torch and the model do not stay
     in the task runner.
     """
-    return SubprocessHook().run_command([sys.executable, "-m", module, *args], env=dict(os.environ))
+    command = [sys.executable, "-m", module, *args]
+    return SubprocessHook().run_command(command, env=dict(env))
 
 
 # Every sparktune job exits 2 on bad input (a retry would fail the same way), 1 on anything else.

@@ -8,10 +8,11 @@ value (XCom ``return_value``) and builds its URL with a plain function, tested w
 An empty string shows no button (the task failed, or there is no page to show); the UI also drops
 links that are not http(s), such as the ``file://`` Data Docs page without ``SPARKTUNE_DATA_DOCS_URL``.
 
-MLflow pages: the server at ``MLFLOW_TRACKING_URI`` when it is http(s); with the embedded SQLite
-store, ``make mlflow-ui`` serves it at http://127.0.0.1:5000 (``SPARKTUNE_MLFLOW_UI_URL`` changes
-that). Data Docs: the ``file://`` page GX wrote; ``SPARKTUNE_DATA_DOCS_URL`` maps the Data Docs
-folder to where a web server publishes it. Spark: a standalone master's web UI (``spark://host:7077``
+MLflow pages: the operator's MLflow server (its ``mlflow_conn_id`` connection, else
+``MLFLOW_TRACKING_URI``) when it is http(s); with the embedded SQLite store, ``make mlflow-ui``
+serves it at http://127.0.0.1:5000 (``SPARKTUNE_MLFLOW_UI_URL`` changes that). Data Docs: the
+``file://`` page GX wrote; ``SPARKTUNE_DATA_DOCS_URL`` maps the Data Docs folder to where a web
+server publishes it. Spark: a standalone master's web UI (``spark://host:7077``
 -> ``http://host:8080``, where finished applications are listed); ``SPARKTUNE_SPARK_UI_URL`` points
 elsewhere (a history server); ``local[*]`` has no UI once the job ended.
 """
@@ -42,6 +43,13 @@ def mlflow_ui_base(tracking_uri: str | None = None, env: Mapping[str, str] | Non
     if urlparse(uri).scheme in ("http", "https"):
         return uri.rstrip("/")
     return EMBEDDED_MLFLOW_UI
+
+
+def operator_mlflow_ui(operator: Any) -> str:
+    """:func:`mlflow_ui_base` of the operator's MLflow server (``UsesMLflowConnection``), else of the
+    environment's."""
+    hook = getattr(operator, "mlflow_hook", None)
+    return mlflow_ui_base(hook.tracking_uri() if hook is not None else None)
 
 
 def mlflow_run_url(result: Mapping[str, Any] | None, base: str) -> str:
@@ -109,7 +117,7 @@ class MLflowRunLink(BaseOperatorLink):
     name = "MLflow run"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return mlflow_run_url(_as_mapping(_task_result(ti_key)), mlflow_ui_base())
+        return mlflow_run_url(_as_mapping(_task_result(ti_key)), operator_mlflow_ui(operator))
 
 
 class MLflowModelVersionLink(BaseOperatorLink):
@@ -118,7 +126,7 @@ class MLflowModelVersionLink(BaseOperatorLink):
     name = "MLflow model version"
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        return model_version_url(_as_mapping(_task_result(ti_key)), mlflow_ui_base())
+        return model_version_url(_as_mapping(_task_result(ti_key)), operator_mlflow_ui(operator))
 
 
 class DataDocsLink(BaseOperatorLink):

@@ -1,26 +1,27 @@
 """MLflow through an Airflow connection, as the DAGs reach Spark through ``spark_default``.
 
 MLflow has no Airflow provider: :class:`MLflowHook` is this project's hook on the ``mlflow_default``
-connection, and the MLflow-facing operators activate it before ``execute``: its address is
-``MLFLOW_TRACKING_URI`` and its credentials MLflow's own variables in the task's process. MLflow's
-client reads those, and so do the processes the task starts (training, evaluation, the smoke test,
-spark-submit drivers), so credentials live in the connection or a secrets backend and nowhere in a
-DAG file.
+connection. ``get_conn()`` returns an ``MlflowClient`` on the connection's server that sends the
+connection's credentials itself (:mod:`sparktune.core.mlflow_client`): the task's environment and
+MLflow's process-wide settings stay as they are. The processes a task starts (training, evaluation,
+the smoke test, spark-submit drivers) get the connection as MLflow's own variables in their
+environment (:meth:`MLflowHook.process_env`), so credentials live in the connection or a secrets
+backend and nowhere in a DAG file.
 
 - an ``http``/``https`` connection (``AIRFLOW_CONN_MLFLOW_DEFAULT=http://host:port``), or a
   ``generic`` one whose schema says ``http``/``https``: that server; login and password become
   ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD``; ``{"token": ...}`` in the extra
   becomes ``MLFLOW_TRACKING_TOKEN``.
 - ``{"tracking_uri": "databricks"}`` (or any URI) in the extra wins over host and port.
-- No such connection: ``MLFLOW_TRACKING_URI`` from the environment, else the embedded SQLite store.
+- No such connection: ``MLFLOW_TRACKING_URI`` from the environment, else the embedded SQLite store,
+  with MLflow's own defaults for credentials (the environment's variables).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
@@ -59,11 +60,11 @@ class MLflowHook(BaseHook):
     """The MLflow tracking server of an Airflow connection (``mlflow_default`` unless named).
 
     MLflow has no Airflow provider. ``get_conn()`` returns an ``MlflowClient`` on the connection's
-    server; :meth:`activate` points this process at it, because MLflow's client reads credentials
-    (and its fluent API the tracking URI) from environment variables only, and the processes a task
-    starts (training, evaluation, spark-submit drivers) inherit them; :meth:`activated` does so for
-    a block of code and puts the previous values back. No such connection: the environment decides
-    (``MLFLOW_TRACKING_URI``, else the embedded SQLite store).
+    server (tracking and registry) that carries the connection's credentials itself;
+    :meth:`tracking_uri` names the server; :meth:`process_env` is the environment of a process the
+    task starts, with the connection's MLflow variables in it. None of them changes ``os.environ``
+    or MLflow's process-wide settings. No such connection (or ``mlflow_conn_id=None``): the
+    environment decides (``MLFLOW_TRACKING_URI``, else the embedded SQLite store).
     """
 
     conn_name_attr = "mlflow_conn_id"
@@ -90,50 +91,42 @@ class MLflowHook(BaseHook):
             return {}
         return tracking_env(conn)
 
-    def activate(self) -> str:
-        """Point this process and its children at the connection's server; returns the tracking URI
-        in effect (the environment's when there is no connection)."""
+    def tracking_uri(self) -> str:
+        """The server's URI: the connection's, else ``MLFLOW_TRACKING_URI``, else the embedded store."""
         from sparktune.core.config import settings
 
-        env = self.tracking_env()
-        if env:
-            for key in CREDENTIAL_ENV:  # credentials of another server must not leak to this one
-                os.environ.pop(key, None)
-            os.environ.update(env)
-            log.info("MLflow from connection %r: %s", self.mlflow_conn_id, env["MLFLOW_TRACKING_URI"])
-        return settings().mlflow_tracking_uri
+        return self.tracking_env().get("MLFLOW_TRACKING_URI") or settings().mlflow_tracking_uri
 
-    @contextmanager
-    def activated(self) -> Iterator[str]:
-        """:meth:`activate` for a block of code: the previous values come back after it."""
-        keys = (*CREDENTIAL_ENV, "MLFLOW_TRACKING_URI")
-        saved = {key: os.environ.get(key) for key in keys}
-        try:
-            yield self.activate()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    def process_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a process the task starts: ``base`` (default: this process's) with the
+        connection's MLflow variables, and without another server's credentials; ``base`` as it is
+        when there is no connection."""
+        env = dict(os.environ if base is None else base)
+        own = self.tracking_env()
+        if own:
+            for key in CREDENTIAL_ENV:  # credentials of another server must not reach this one
+                env.pop(key, None)
+            env.update(own)
+        return env
 
     def get_conn(self) -> Any:
-        """An ``MlflowClient`` on the connection's server (credentials: after :meth:`activate`);
-        the process's fluent ``mlflow.*`` calls go to the same server."""
-        import mlflow
-        from mlflow.tracking import MlflowClient
+        """An ``MlflowClient`` on the connection's server that sends the connection's credentials
+        (and no one else's); without a connection, one on the environment's server."""
         from sparktune.core.config import settings
+        from sparktune.core.mlflow_client import Credentials, mlflow_client
 
-        uri = self.tracking_env().get("MLFLOW_TRACKING_URI") or settings().mlflow_tracking_uri
-        mlflow.set_tracking_uri(uri)
-        return MlflowClient(tracking_uri=uri)
+        env = self.tracking_env()
+        if not env:
+            return mlflow_client(settings().mlflow_tracking_uri)
+        log.info("MLflow from connection %r: %s", self.mlflow_conn_id, env["MLFLOW_TRACKING_URI"])
+        credentials = Credentials(*(env.get(key) for key in CREDENTIAL_ENV))
+        return mlflow_client(env["MLFLOW_TRACKING_URI"], credentials)
 
 
 class UsesMLflowConnection:
     """Mixin of the operators that talk to MLflow: ``mlflow_conn_id`` (default ``mlflow_default``;
-    None to use the environment only) is activated before ``execute`` (:meth:`MLflowHook.activate`)
-    and stays so for the rest of the task: its extra links and lineage, computed after ``execute``,
-    name the same server."""
+    None to use the environment only) names the server; ``mlflow_hook`` reaches it (its client, the
+    environment of the processes the task starts)."""
 
     def __init__(self, *, mlflow_conn_id: str | None = MLFLOW_CONN_ID, **kwargs: Any) -> None:
         self.mlflow_conn_id = mlflow_conn_id
@@ -142,7 +135,3 @@ class UsesMLflowConnection:
     @property
     def mlflow_hook(self) -> MLflowHook:
         return MLflowHook(self.mlflow_conn_id)
-
-    def pre_execute(self, context: Any) -> None:
-        self.mlflow_hook.activate()
-        super().pre_execute(context)  # type: ignore[misc]

@@ -54,7 +54,7 @@ class TrainModelOperator(
     be reattached to: the retry fails saying where it runs and how to go on. Otherwise training
     resumes from the key's last checkpoint into the same MLflow run. ``on_kill`` stops the process
     or cancels the Databricks run. Returns the finished MLflow run's ``train_result.json``
-    (``mlflow_run_id``, training metrics). MLflow is the one at ``MLFLOW_TRACKING_URI``.
+    (``mlflow_run_id``, training metrics). MLflow is the ``mlflow_conn_id`` connection's server.
 
     :param dataset_uri: (templated) the ``DatasetDict`` folder ``MaterializeDatasetOperator`` wrote
         (with ``dataset_mode=streaming``: the prepared Parquet).
@@ -127,7 +127,7 @@ class TrainModelOperator(
             "base_model": self.base_model,
             "output_dir": str(self._work_dir(train_key)),
             "params": params.to_dict(),
-            "mlflow_tracking_uri": settings().mlflow_tracking_uri,
+            "mlflow_tracking_uri": self.mlflow_hook.tracking_uri(),
             "artifact_location": settings().mlflow_artifact_root,
             "experiment_name": experiment_name(params.model_name),
             "train_key": train_key,
@@ -211,7 +211,7 @@ class TrainModelOperator(
         work = Path(request["output_dir"])
         command = self._process_command(request, params, work)
         self.log.info("Starting: %s", " ".join(command))
-        env = dict(os.environ)
+        env = self.mlflow_hook.process_env()  # the MLflow connection's server and credentials
         # spark-submit comes with the pyspark wheel, beside this interpreter, whether or not
         # the worker's PATH has the virtual environment on it.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -288,7 +288,7 @@ class TrainModelOperator(
         from sparktune.model.train_runs import load_finished_result
 
         return load_finished_result(
-            settings().mlflow_tracking_uri, request["experiment_name"], request["train_key"]
+            self.mlflow_hook.get_conn(), request["experiment_name"], request["train_key"]
         )
 
     def _finish(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +307,10 @@ class TrainModelOperator(
         from sparktune_airflow.core.lineage import train_lineage
 
         return train_lineage(
-            self._lineage_result, str(self.dataset_uri), self.data_fingerprint, settings().mlflow_tracking_uri
+            self._lineage_result,
+            str(self.dataset_uri),
+            self.data_fingerprint,
+            self.mlflow_hook.tracking_uri(),
         )
 
     def on_kill(self) -> None:

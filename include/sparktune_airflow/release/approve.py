@@ -97,7 +97,7 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         self.pipeline_params = pipeline_params
 
     def _links(self) -> dict[str, str]:
-        base = mlflow_ui_base()
+        base = mlflow_ui_base(self.mlflow_hook.tracking_uri())
         run = f"{base}/#/runs/{self.run_id}" if self.run_id else ""
         return {
             "MLflow run": run,

@@ -127,7 +127,7 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
                 *("--champion-predictions", str(champion_files[1])),
                 *("--champion-confusion-matrix", str(champion_files[2])),
             ]
-        result = run_module("sparktune.jobs.evaluate", *command)
+        result = run_module("sparktune.jobs.evaluate", *command, env=self.mlflow_hook.process_env())
         # Exit 2 (a refused model, an unusable dataset) fails at once: a retry would refuse it again.
         what = challenger_uri + (f" and champion v{champion_version}" if against_champion else "")
         raise_for_exit_code(f"evaluating {what}", result.exit_code, result.output)

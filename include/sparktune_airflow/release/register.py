@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from sparktune.core.config import settings
 from sparktune_airflow.core.lineage import ReportsLineage
 from sparktune_airflow.core.links import MLflowModelVersionLink
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
@@ -44,7 +43,8 @@ def _log_file(client: Any, run_id: str, uri: str, folder: str) -> None:
 class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
     """One registered version per training run (a retry finds it), lineage tags, alias ``candidate``.
 
-    Returns ``model_name``, ``version`` and the alias move. MLflow is the one at ``MLFLOW_TRACKING_URI``.
+    Returns ``model_name``, ``version`` and the alias move. MLflow is the ``mlflow_conn_id``
+    connection's server.
 
     :param run_id: (templated) the MLflow run whose ``model`` is registered.
     :param model_name: (templated) the registered model name.
@@ -137,5 +137,5 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
             result["model_name"],
             result["version"],
             getattr(self, "_data_fingerprint", None),
-            settings().mlflow_tracking_uri,
+            self.mlflow_hook.tracking_uri(),
         )

@@ -73,6 +73,7 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
             *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--rows", str(self.rows)),
             *("--max-invalid-rate", str(params.smoke_max_invalid_rate), "--output", str(output)),
             *("--trust-remote-code", "true" if params.trust_remote_code else "false"),
+            env=self.mlflow_hook.process_env(),
         )
         raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)
         summary = json.loads(output.read_text())

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
-from sparktune.core.config import settings
 from sparktune_airflow.core.assets import CHAMPION_ASSET_NAME
 from sparktune_airflow.core.lineage import ReportsLineage
 from sparktune_airflow.core.links import SparkUILink
@@ -161,7 +160,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
             "--output-uri", str(self.output_uri),
             "--model-name", model_name,
             "--model-alias", str(self.model_alias),
-            "--tracking-uri", settings().mlflow_tracking_uri,
+            "--tracking-uri", self.mlflow_hook.tracking_uri(),
             "--batch-size", str(int(self.batch_size)),
             "--min-score", str(float(self.min_score)),
             "--run-date", day,
@@ -174,6 +173,8 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         if self.download_dir:
             args += ["--download-dir", str(self.download_dir)]
         self.application_args = args
+        # The driver reaches MLflow with the connection's variables in spark-submit's environment.
+        self.env_vars = {**(self.env_vars or {}), **self.mlflow_hook.tracking_env()}
         summary = submit_and_read_summary(self, context, summary_path, "batch_inference")
         model = summary["model"]
         self.log.info(
@@ -194,5 +195,5 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         from sparktune_airflow.core.lineage import batch_inference_lineage
 
         return batch_inference_lineage(
-            self._lineage_result, self._scored_source, settings().mlflow_tracking_uri
+            self._lineage_result, self._scored_source, self.mlflow_hook.tracking_uri()
         )

@@ -26,6 +26,7 @@ def _record_corrections(
     corrected_at: str,
     captures_uri: str = "",
     corrected_by: str = "",
+    mlflow_conn_id: str | None = None,
     spark: Any = None,
 ) -> dict[str, Any]:
     from datetime import datetime
@@ -33,7 +34,7 @@ def _record_corrections(
     from sparktune.data.prepare_errors import DataPreparationError
     from sparktune.serve.feedback import FeedbackError, record_corrections
 
-    known_labels = _champion_labels(model_name)
+    known_labels = _champion_labels(model_name, mlflow_conn_id)
     try:
         result = record_corrections(
             spark,
@@ -55,12 +56,11 @@ def _record_corrections(
     return result.to_summary()
 
 
-def _champion_labels(model_name: str) -> list[str] | None:
+def _champion_labels(model_name: str, mlflow_conn_id: str | None) -> list[str] | None:
     """The label set of the model's champion (its ``labels`` version tag), if there is one."""
     from sparktune.release.registry import CHAMPION, alias_version
 
-    # The operator runs this with its MLflow connection activated: the environment names the server.
-    client = MLflowHook(mlflow_conn_id=None).get_conn()
+    client = MLflowHook(mlflow_conn_id).get_conn()
     version = alias_version(client, model_name, CHAMPION)
     if version is None:
         return None
@@ -130,6 +130,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
             # Who, when the file does not say per row: the user who triggered the run, else the run.
             "corrected_by": getattr(context.get("dag_run"), "triggering_user_name", None)
             or f"airflow:{ti.dag_id}/{ti.run_id}",
+            "mlflow_conn_id": self.mlflow_conn_id,
         }
         # It also reads the feedback table and the serving captures: the inputs' size is not known.
         self.config_kwargs = session_jvm_conf(self.conn_id, self.config_kwargs, None)
