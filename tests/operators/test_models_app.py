@@ -242,8 +242,14 @@ def test_rollback_needs_the_users_form_token_and_leave_to_trigger(mlflow_env, au
     assert all(c["method"] == "GET" for c in api.calls), api.calls
     # A version that is no number never reaches Airflow.
     token = csrf(alice.get(PAGE).text)
-    bad = alice.post(f"{PAGE}rollback", data={"model_name": MODEL, "to_version": "2; x", "csrf_token": token})
-    assert bad.status_code == 400 and all(c["method"] == "GET" for c in api.calls)
+    for version in ("2; x", "\u00b2"):  # not a number; a digit, but not 0-9
+        bad = alice.post(
+            f"{PAGE}rollback", data={"model_name": MODEL, "to_version": version, "csrf_token": token}
+        )
+        assert bad.status_code == 400 and all(c["method"] == "GET" for c in api.calls)
+    # A form token that is no ASCII is a wrong token, not a server error.
+    odd = alice.post(f"{PAGE}rollback", data={"model_name": MODEL, "csrf_token": "\u00e9t\u00e9"})
+    assert odd.status_code == 403
 
 
 def test_airflows_refusal_and_an_unreadable_registry_are_shown_on_the_page(mlflow_env, auth):

@@ -220,7 +220,7 @@ def create_app(
         signed = await authenticate(request)
         if signed is None:
             return _sign_in_first(login(request))
-        if not hmac.compare_digest(csrf_token, form_token(signed.name)):
+        if not hmac.compare_digest(csrf_token.encode(), form_token(signed.name).encode()):
             return await page(
                 request, signed, error="The form expired: reload the page and try again.", status=403
             )
@@ -228,7 +228,7 @@ def create_app(
             error = f"{signed.name} may not trigger {ROLLBACK_DAG}: nothing was rolled back."
             return await page(request, signed, error=error, status=403)
         to_version = to_version.strip()
-        if not model_name.strip() or (to_version and not to_version.isdigit()):
+        if not model_name.strip() or (to_version and not (to_version.isascii() and to_version.isdigit())):
             error = f"Not a rollback: model {model_name!r}, version {to_version!r}."
             return await page(request, signed, error=error, status=400)
         conf = {
