@@ -354,9 +354,9 @@ def model_description(model_dir: Path) -> str:
 
 
 def packing_available() -> bool:
-    from sparktune.core.params import SPECS_BY_NAME
+    from sparktune.core.params import PipelineParams
 
-    return "packing" in SPECS_BY_NAME
+    return "packing" in PipelineParams.model_fields
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.core.dag_params import batch_inference_specs
+from sparktune.core.dag_params import BatchInferenceParams
 from sparktune_airflow import BatchInferenceOperator
 from sparktune_airflow.core.assets import champion_asset
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
@@ -30,7 +30,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["llm", "inference", "spark", "mlflow"],
-    params=form_params(batch_inference_specs()),
+    params=form_params(BatchInferenceParams),
     render_template_as_native_obj=True,
     default_args=task_defaults(),
     deadline=run_deadline(),

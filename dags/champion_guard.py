@@ -16,7 +16,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, CronTriggerTimetable
 from sparktune.core.config import settings
-from sparktune.core.dag_params import champion_guard_specs
+from sparktune.core.dag_params import ChampionGuardParams
 from sparktune_airflow import ChampionGuardOperator
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
 from sparktune_airflow.core.params import form_params
@@ -31,7 +31,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["mlflow", "registry", "audit"],
-    params=form_params(champion_guard_specs()),
+    params=form_params(ChampionGuardParams),
     default_args=task_defaults(),
     deadline=run_deadline(),
     doc_md=__doc__,

@@ -24,10 +24,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
+from sparktune.core.params import DataSource, QualityRules
 from sparktune.data.quality_rules import raw_rule_params
 from sparktune_airflow import SparkQualityGateOperator
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
-from sparktune_airflow.core.params import form_param, trigger_form_params
+from sparktune_airflow.core.params import form_param, form_params, param_refs
 
 with DAG(
     dag_id="data_quality_report",
@@ -39,7 +40,7 @@ with DAG(
     tags=["data-quality", "great-expectations", "spark", "report"],
     params={
         # The pipeline's own specs of the source and the raw-input rules' columns and thresholds.
-        **trigger_form_params(list(raw_rule_params())),
+        **form_params(names=raw_rule_params()),
         "fail_on_error": form_param(
             True,
             type="boolean",
@@ -55,7 +56,9 @@ with DAG(
 ) as dag:
     SparkQualityGateOperator(
         task_id="validate_source",
-        pipeline_params="{{ params }}",  # the form's source and rule params, as a dict
+        # The form's source and rule params, each section an operator argument of its own.
+        source=param_refs(DataSource, raw_rule_params()),
+        rules=param_refs(QualityRules, raw_rule_params()),
         fail_on_error="{{ params.fail_on_error }}",
         raw_suite_name="data_quality_report",
     )

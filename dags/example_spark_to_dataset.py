@@ -21,7 +21,7 @@ from datetime import datetime
 from airflow.sdk import DAG
 from sparktune_airflow import MaterializeDatasetOperator, SparkQualityGateOperator
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
-from sparktune_airflow.core.params import trigger_form_params
+from sparktune_airflow.core.params import form_params
 
 COLUMNS = {"text_column": "message", "label_column": "intent_label"}
 
@@ -32,7 +32,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["example", "great-expectations", "spark", "datasets"],
-    params=trigger_form_params(["source_uri"]),
+    params=form_params(names=["source_uri"]),
     default_args=task_defaults(),
     deadline=run_deadline(),
     doc_md=__doc__,
@@ -40,15 +40,14 @@ with DAG(
     check_source = SparkQualityGateOperator(
         task_id="check_source",
         source_uri="{{ params.source_uri or '' }}",  # an emptied form field is null
-        pipeline_params={**COLUMNS, "min_rows": 100, "max_null_rate": 0.05},
+        source=COLUMNS,
+        rules={"min_rows": 100, "max_null_rate": 0.05},
     )
 
     to_arrow_dataset = MaterializeDatasetOperator(
         task_id="to_arrow_dataset",
         # The URI the check resolved and validated (an empty source_uri becomes the demo data's path).
-        source="{{ ti.xcom_pull(task_ids='check_source')['source_uri'] }}",
+        source=check_source.output["source_uri"],
         label_column=COLUMNS["label_column"],
         split_column=None,
     )
-
-    check_source >> to_arrow_dataset

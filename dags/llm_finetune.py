@@ -41,7 +41,7 @@ from sparktune_airflow import (
 from sparktune_airflow.core.assets import champion_asset, feedback_asset, training_source_asset
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
 from sparktune_airflow.core.notify import PipelineNotifier
-from sparktune_airflow.core.params import trigger_form_params
+from sparktune_airflow.core.params import form_params
 
 
 def _schedule():
@@ -53,16 +53,6 @@ def _schedule():
     )
 
 
-def _xcom(task_id: str, key: str | None = None) -> str:
-    item = f"['{key}']" if key else ""
-    return f"{{{{ ti.xcom_pull(task_ids='{task_id}'){item} }}}}"
-
-
-# Every operator gets the run's params explicitly (rendered natively: a dict), never from the
-# context on its own: the same operators in another DAG take only what that DAG passes them.
-RUN_PARAMS = "{{ params }}"
-
-
 with DAG(
     dag_id="llm_finetune",
     description="Fine-tune an LLM on labelled text from Spark and promote it through MLflow aliases",
@@ -71,13 +61,16 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["llm", "fine-tuning", "spark", "mlflow", "great-expectations"],
-    params=trigger_form_params(),
+    params=form_params(),
     render_template_as_native_obj=True,
     default_args=task_defaults(),
     deadline=run_deadline(),
     doc_md=__doc__,
 ) as dag:
-    validate_params = ValidateParamsOperator(task_id="validate_params", pipeline_params=RUN_PARAMS)
+    # The one task that reads the whole form: it checks every param at once and hands each task
+    # below the typed section it uses (validate_params.output["training"], ...).
+    validate_params = ValidateParamsOperator(task_id="validate_params", run_params="{{ params }}")
+    source, preparation, quality = (validate_params.output[k] for k in ("source", "preparation", "quality"))
 
     resolve_base_model = ResolveBaseModelOperator(
         task_id="resolve_base_model",
@@ -85,22 +78,25 @@ with DAG(
         trust_remote_code="{{ params.trust_remote_code }}",
     )
 
-    merge_feedback = MergeFeedbackOperator(task_id="merge_feedback", pipeline_params=RUN_PARAMS)
+    merge_feedback = MergeFeedbackOperator(task_id="merge_feedback", source=source)
 
     # Before any Spark job: the source files (path, size, modification time) the champion trained on.
     skip_unchanged_source = SkipUnchangedOperator(
         task_id="skip_unchanged_source",
-        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
-        source_uri=_xcom("merge_feedback", "source_uri"),
+        config_hash=validate_params.output["config_hash"],
+        force_retrain="{{ params.force_retrain }}",
+        source_uri=merge_feedback.output["source_uri"],
     )
 
     prepare_data = PrepareDataOperator(
         task_id="prepare_data",
-        pipeline_params=RUN_PARAMS,
-        tokenizer=_xcom("resolve_base_model"),
-        source_uri=_xcom("merge_feedback", "source_uri"),
-        source_format=_xcom("merge_feedback", "source_format"),
+        source=source,
+        preparation=preparation,
+        quality=quality,
+        tokenizer=resolve_base_model.output,
+        source_uri=merge_feedback.output["source_uri"],
+        source_format=merge_feedback.output["source_format"],
         # The quality gate runs in the same Spark application; validate_data decides on its report.
         validate_quality=True,
     )
@@ -108,123 +104,134 @@ with DAG(
     # After it: the prepared rows' content, for a source rewritten with the same rows.
     skip_unchanged = SkipUnchangedOperator(
         task_id="skip_unchanged",
-        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
-        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+        config_hash=validate_params.output["config_hash"],
+        force_retrain="{{ params.force_retrain }}",
+        data_fingerprint=prepare_data.output["data_fingerprint"],
     )
 
     validate_data = SparkQualityGateOperator(
         task_id="validate_data",
-        pipeline_params=RUN_PARAMS,
-        prepared_uri=_xcom("prepare_data", "prepared_uri"),
-        source_uri=_xcom("prepare_data", "source_uri"),
+        source=source,
+        rules=quality,
+        prepared_uri=prepare_data.output["prepared_uri"],
+        source_uri=prepare_data.output["source_uri"],
         # None when prepare_data reused published data: then the gate runs here, on Spark.
-        quality_summary="{{ ti.xcom_pull(task_ids='prepare_data').get('quality') }}",
+        quality_summary=prepare_data.output["quality"],
     )
 
     materialize_dataset = MaterializeDatasetOperator(
         task_id="materialize_dataset",
-        source=_xcom("prepare_data", "prepared_uri"),
-        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
-        label_names=_xcom("prepare_data", "labels"),
+        source=prepare_data.output["prepared_uri"],
+        data_fingerprint=prepare_data.output["data_fingerprint"],
+        label_names=prepare_data.output["labels"],
         splits=["train", "validation", "test"],
         dataset_mode="{{ params.dataset_mode }}",
     )
 
     train = TrainModelOperator(
         task_id="train",
-        pipeline_params=RUN_PARAMS,
-        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
-        base_model=_xcom("resolve_base_model"),
-        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
+        model_name="{{ params.model_name }}",
+        training=validate_params.output["training"],
+        backend=validate_params.output["backend"],
+        preparation=preparation,
+        config_hash=validate_params.output["config_hash"],
+        dataset_uri=materialize_dataset.output["dataset_uri"],
+        base_model=resolve_base_model.output,
+        data_fingerprint=prepare_data.output["data_fingerprint"],
         # train_backend=databricks waits in the triggerer, not in a worker slot; local and spark
         # training run in the task's own process whatever this says.
         deferrable=True,
     )
+    run_id = train.output["mlflow_run_id"]
 
     register = RegisterModelOperator(
         task_id="register",
-        run_id=_xcom("train", "mlflow_run_id"),
+        run_id=run_id,
         model_name="{{ params.model_name }}",
         tags={
-            "fine_tuned_on": _xcom("prepare_data", "prepared_uri"),
-            "data_fingerprint": _xcom("prepare_data", "data_fingerprint"),
-            "source_signature": _xcom("skip_unchanged_source", "source_signature"),
+            "fine_tuned_on": prepare_data.output["prepared_uri"],
+            "data_fingerprint": prepare_data.output["data_fingerprint"],
+            "source_signature": skip_unchanged_source.output["source_signature"],
             "base_model": "{{ params.base_model }}",
             "airflow_dag_id": "{{ dag.dag_id }}",
             "airflow_run_id": "{{ run_id }}",
         },
         run_artifacts={
-            "prepare_summary": _xcom("prepare_data"),
-            "quality_summary": _xcom("validate_data"),
-            "dataset_summary": _xcom("materialize_dataset"),
-            "feedback_summary": _xcom("merge_feedback"),
+            "prepare_summary": prepare_data.output,
+            "quality_summary": validate_data.output,
+            "dataset_summary": materialize_dataset.output,
+            "feedback_summary": merge_feedback.output,
         },
         run_files={
-            "data_docs": _xcom("validate_data", "validation_pages"),
+            "data_docs": validate_data.output["validation_pages"],
             # The rows whose label a correction replaced in the data version trained on.
-            "feedback": [_xcom("merge_feedback", "overrides_uri")],
+            "feedback": [merge_feedback.output["overrides_uri"]],
         },
     )
+    version = register.output["version"]
 
     evaluate = EvaluateModelOperator(
         task_id="evaluate",
-        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
-        version=_xcom("register", "version"),
-        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
-        run_id=_xcom("train", "mlflow_run_id"),
+        version=version,
+        dataset_uri=materialize_dataset.output["dataset_uri"],
+        run_id=run_id,
+        trust_remote_code="{{ params.trust_remote_code }}",
+        evaluate_base_model="{{ params.evaluate_base_model }}",
     )
 
     gate = PromotionGateOperator(
         task_id="gate",
-        pipeline_params=RUN_PARAMS,
-        evaluation=_xcom("evaluate"),
-        run_id=_xcom("train", "mlflow_run_id"),
+        evaluation=evaluate.output,
+        run_id=run_id,
+        rules=validate_params.output["promotion"],
     )
 
     promote_staging = PromoteModelOperator(
         task_id="promote_staging",
         model_name="{{ params.model_name }}",
-        version=_xcom("register", "version"),
+        version=version,
         alias="staging",
-        gate_decision=_xcom("gate"),
+        gate_decision=gate.output,
     )
 
     smoke_test = SmokeTestOperator(
         task_id="smoke_test",
-        pipeline_params=RUN_PARAMS,
         model_name="{{ params.model_name }}",
-        version=_xcom("register", "version"),
-        dataset_uri=_xcom("materialize_dataset", "dataset_uri"),
-        run_id=_xcom("train", "mlflow_run_id"),
+        version=version,
+        dataset_uri=materialize_dataset.output["dataset_uri"],
+        run_id=run_id,
+        max_invalid_rate="{{ params.smoke_max_invalid_rate }}",
+        trust_remote_code="{{ params.trust_remote_code }}",
     )
 
     # approval=required: a person signs off in the UI (Required Actions) first; none: passes at once.
     approve_champion = ChampionApprovalOperator(
         task_id="approve_champion",
-        pipeline_params=RUN_PARAMS,
+        policy=validate_params.output["approval"],
         model_name="{{ params.model_name }}",
-        version=_xcom("register", "version"),
-        evaluation=_xcom("evaluate"),
-        gate_decision=_xcom("gate"),
-        smoke=_xcom("smoke_test"),
-        data_fingerprint=_xcom("prepare_data", "data_fingerprint"),
-        run_id=_xcom("train", "mlflow_run_id"),
-        quality=_xcom("validate_data"),
+        version=version,
+        evaluation=evaluate.output,
+        gate_decision=gate.output,
+        smoke=smoke_test.output,
+        data_fingerprint=prepare_data.output["data_fingerprint"],
+        run_id=run_id,
+        quality=validate_data.output,
     )
 
     promote_champion = PromoteModelOperator(
         task_id="promote_champion",
         model_name="{{ params.model_name }}",
-        version=_xcom("register", "version"),
+        version=version,
         alias="champion",
-        expected_champion=_xcom("gate", "champion_version"),
-        gate_decision=_xcom("gate"),
+        expected_champion=gate.output["champion_version"],
+        gate_decision=gate.output,
         outlets=[champion_asset()],
         on_success_callback=PipelineNotifier(PROMOTED),
     )
 
+    # The order of the stages, beyond what the XComArgs above already imply.
     (
         validate_params
         >> resolve_base_model

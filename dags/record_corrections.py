@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.core.dag_params import record_corrections_specs
+from sparktune.core.dag_params import RecordCorrectionsParams
 from sparktune_airflow import RecordCorrectionsOperator
 from sparktune_airflow.core.assets import feedback_asset
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
@@ -34,7 +34,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["llm", "feedback", "spark"],
-    params=form_params(record_corrections_specs()),
+    params=form_params(RecordCorrectionsParams),
     default_args=task_defaults(),
     deadline=run_deadline(),
     doc_md=__doc__,

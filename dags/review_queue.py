@@ -23,7 +23,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.core.dag_params import review_queue_specs
+from sparktune.core.dag_params import ReviewQueueParams
 from sparktune_airflow import ReviewQueueOperator
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
 from sparktune_airflow.core.params import form_params
@@ -35,7 +35,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["llm", "feedback", "spark"],
-    params=form_params(review_queue_specs()),
+    params=form_params(ReviewQueueParams),
     # queue_size reaches the operator as a number, and an emptied model_name as None, not "None".
     render_template_as_native_obj=True,
     default_args=task_defaults(),

@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import DAG
-from sparktune.core.dag_params import rollback_specs
+from sparktune.core.dag_params import RollbackParams
 from sparktune.core.notifications import ROLLED_BACK
 from sparktune_airflow import RollbackChampionOperator
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
@@ -36,7 +36,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["mlflow", "registry", "rollback"],
-    params=form_params(rollback_specs()),
+    params=form_params(RollbackParams),
     default_args=task_defaults(),
     deadline=run_deadline(),
     doc_md=__doc__,

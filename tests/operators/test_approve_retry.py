@@ -30,7 +30,7 @@ def _operator():
         version="7",
         evaluation={},
         gate_decision={"mode": "enforce", "passed": True},
-        pipeline_params={"approval": "required", "approvers": "alice"},
+        policy={"approval": "required", "approvers": "alice"},
     )
 
 

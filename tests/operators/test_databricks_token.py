@@ -46,12 +46,12 @@ DAG_FILE = """
 from airflow.sdk import DAG
 from sparktune_airflow.core.dag_defaults import RETRY_DEFAULTS
 from sparktune_airflow import TrainModelOperator
-from sparktune_airflow.core.params import trigger_form_params
+from sparktune_airflow.core.params import form_params
 
 with DAG(
     {dag_id!r},
     schedule=None,
-    params=trigger_form_params(),
+    params=form_params(),
     render_template_as_native_obj=True,
     default_args={{**RETRY_DEFAULTS, "retries": 0}},
     tags=["test"],
@@ -62,7 +62,11 @@ with DAG(
         dataset_uri="{{{{ '{dataset}' }}}}",
         base_model={base_model!r},
         data_fingerprint="fp-tiny",
-        pipeline_params="{{{{ params }}}}",  # the run's conf: train_backend=databricks
+        # The run's conf: train_backend=databricks.
+        training={{"max_steps": "{{{{ params.max_steps }}}}"}},
+        backend={{
+            k: "{{{{ params." + k + " }}}}" for k in ("train_backend", "databricks_wheel", "num_workers")
+        }},
         deferrable=True,
         polling_period_seconds=1,
     )

@@ -14,7 +14,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import DownstreamTasksSkipped
 
 LABELS = ["billing", "login"]
 
@@ -315,9 +314,7 @@ def test_a_classifiers_base_model_is_reported_not_applicable(registry):
 
 
 def test_a_run_can_skip_the_base_model_and_one_without_a_recorded_base_says_why(registry):
-    skipped = _operator(registry, "1", pipeline_params={"evaluate_base_model": False}).execute(
-        {"ti": FakeTaskInstance()}
-    )
+    skipped = _operator(registry, "1", evaluate_base_model=False).execute({"ti": FakeTaskInstance()})
     assert "--base-model" not in FakeSubprocessHook.commands[-1]
     assert skipped["base_model"]["status"] == "skipped"
     assert skipped["base_model"]["reason"] == "evaluate_base_model=false"
@@ -352,13 +349,10 @@ def _gate(registry, evaluation: dict, **params):
 
     # The per-class rule is on by default; these evaluations carry recalls only where a test sets it.
     params = {"max_class_regression": 1.0, **params}
-    return PromotionGateOperator(
-        task_id="gate", evaluation=evaluation, run_id=registry.runs[1], pipeline_params=params
-    )
+    return PromotionGateOperator(task_id="gate", evaluation=evaluation, run_id=registry.runs[1], rules=params)
 
 
 def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypatch):
-    from sparktune_airflow.release import gate
 
     client = registry.client
     client.set_registered_model_alias("eval-op", "champion", "1")
@@ -398,14 +392,10 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
     assert decision["reasons"][-1].startswith("macro_f1 (information, no rule): macro_f1 vs champion v1: +")
 
     # 0.895 on 200 rows clears 0.88, but the interval's lower bound does not: blocked, promotion skipped.
-    # Airflow 3's skip raises to end the task: the decision must reach XCom before it, for make run.
-    def skip(operator, context):
-        raise DownstreamTasksSkipped(tasks=["promote_staging", "smoke_test", "promote_champion"])
-
-    monkeypatch.setattr(gate, "skip_downstream", skip)
+    # False makes the short-circuit skip the rest, whose skip raises to end the task: the decision
+    # must reach XCom before it, for make run (tests/e2e: a blocked run in a real DAG run).
     ti = RecordingTaskInstance(task_id="gate")
-    with pytest.raises(DownstreamTasksSkipped):
-        _gate(registry, evaluation, min_accuracy=0.88, min_margin_over_baseline=-1).execute({"ti": ti})
+    assert _gate(registry, evaluation, min_accuracy=0.88, min_margin_over_baseline=-1).decide(ti) is False
     blocked = ti.pushed["return_value"]
     assert not blocked["promote"] and blocked["failed_rules"] == ["min_accuracy"]
     assert (blocked["model_name"], blocked["challenger_version"]) == ("eval-op", "2")
@@ -419,7 +409,6 @@ def test_the_gate_decides_on_the_paired_interval_and_says_so(registry, monkeypat
 def test_a_champion_of_another_label_set_is_compared_on_shared_label_rows_and_blocked(
     registry, monkeypatch, source
 ):
-    from sparktune_airflow.release import gate
 
     client = registry.client
     client.set_registered_model_alias("eval-op", "champion", "1")
@@ -446,9 +435,10 @@ def test_a_champion_of_another_label_set_is_compared_on_shared_label_rows_and_bl
     metrics = client.get_run(registry.runs[1]).data.metrics
     assert metrics["vs_champion_accuracy_diff"] == pytest.approx(0.3)
 
-    monkeypatch.setattr(gate, "skip_downstream", lambda operator, context: None)
     params = {"min_accuracy": 0.7, "max_class_regression": 0.1, "min_margin_over_baseline": -1}
-    blocked = _gate(registry, evaluation, **params).execute({"ti": RecordingTaskInstance(task_id="gate")})
+    ti = RecordingTaskInstance(task_id="gate")
+    assert _gate(registry, evaluation, **params).decide(ti) is False
+    blocked = ti.pushed["return_value"]
     assert not blocked["promote"] and blocked["failed_rules"] == ["label_set_unchanged"]
     assert blocked["reasons"][4] == (
         "label_set_unchanged: FAIL, the challenger's labels differ from champion v1's: added ['login'], "

@@ -51,11 +51,10 @@ def test_batch_inference_with_an_empty_source_fails_at_once_instead_of_scoring_t
 
 def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
-    from sparktune.core.params import parse_params
+    from sparktune.core.params import config_hash, parse_params
     from sparktune.core.provenance import code_fingerprint
     from sparktune_airflow import SkipUnchangedOperator
     from sparktune_airflow.core.links import model_version_url
-    from sparktune_airflow.core.task_context import config_hash
     from sparktune_airflow.release import retrain
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -76,7 +75,7 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
             task_id="skip_unchanged",
             model_name="intent",
             data_fingerprint=fingerprint,
-            pipeline_params=params,
+            config_hash=config_hash(parse_params(params)),
         )
         return operator.execute({"params": params})
 

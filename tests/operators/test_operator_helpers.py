@@ -6,10 +6,9 @@ import json
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from sparktune.core.params import PARAM_SPECS, parse_params
+from sparktune.core.params import PipelineParams, config_hash, parse_params
 from sparktune_airflow.core.domain_cli import raise_for_exit_code
-from sparktune_airflow.core.params import trigger_form_params
-from sparktune_airflow.core.task_context import config_hash
+from sparktune_airflow.core.params import form_params
 from sparktune_dev.embedded.environment import embedded_env
 
 
@@ -68,17 +67,17 @@ def test_task_retries_come_from_the_environment_with_a_clear_error_when_wrong(mo
 
 
 def test_trigger_form_carries_every_spec_with_bounds_and_enums():
-    params = trigger_form_params()
-    assert set(params) == {spec.name for spec in PARAM_SPECS}
+    params = form_params()
+    assert set(params) == set(PipelineParams.model_fields)
     assert params["gate_mode"].schema["enum"] == ["enabled", "dry_run", "disabled"]
     assert params["lora_r"].schema["minimum"] == 1
     assert params["prompt_template"].schema["format"] == "multiline"
-    assert set(trigger_form_params(["model_name"])) == {"model_name"}
+    assert set(form_params(names=["model_name"])) == {"model_name"}
 
 
 def test_trigger_form_requires_only_the_strings_that_must_not_be_empty():
     # The form marks a field required unless its type allows null, and sends an emptied field as null.
-    params = trigger_form_params()
+    params = form_params()
     assert params["source_uri"].schema["type"] == ["string", "null"]
     assert params["lora_modules_to_save"].schema["type"] == ["string", "null"]
     assert params["text_column"].schema["type"] == "string"
@@ -194,7 +193,7 @@ def test_invalid_params_fail_validate_params_at_once_listing_every_problem():
 
     conf = {"min_chars": 3000, "max_chars": 100, "prompt_template": "{label}: {text}"}
     with pytest.raises(AirflowFailException) as error:  # a fail exception: no retries
-        ValidateParamsOperator(task_id="validate_params", pipeline_params=conf).execute({})
+        ValidateParamsOperator(task_id="validate_params", run_params=conf).execute({})
     assert "min_chars (3000) is above max_chars (100)" in str(error.value)
     assert "{label} must come after {text}" in str(error.value)
 
@@ -241,7 +240,11 @@ def test_operators_take_pipeline_params_only_as_given_never_from_the_run(tmp_pat
 
     run_params = {"min_chars": 3000, "max_chars": 100}  # invalid together, but not passed
     result = ValidateParamsOperator(task_id="v").execute({"params": run_params})
-    defaults = ValidateParamsOperator(task_id="v", pipeline_params={}).execute({})
+    defaults = ValidateParamsOperator(task_id="v", run_params={}).execute({})
     assert result == defaults
     with pytest.raises(AirflowFailException, match="render_template_as_native_obj=True"):
-        ValidateParamsOperator(task_id="v", pipeline_params="{'min_chars': 3}").execute({})
+        ValidateParamsOperator(task_id="v", run_params="{'min_chars': 3}").execute({})
+    # Each section by name, for the tasks that take it (validate_params.output["training"]).
+    assert set(defaults) == {"config_hash", "source", "preparation", "quality", "training", "backend",
+                             "promotion", "approval"}  # fmt: skip
+    assert defaults["promotion"]["gate_mode"] == "enabled" and "lora_r" in defaults["training"]

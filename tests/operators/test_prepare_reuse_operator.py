@@ -41,12 +41,19 @@ def submits(home, monkeypatch):
     return calls
 
 
+def _data_sections(flat: dict) -> dict:
+    from sparktune.core.params import by_section
+
+    sections = by_section(flat)
+    return {key: sections[key] for key in ("source", "preparation", "quality")}
+
+
 def _run(source, tokenizer, try_number=1, **params):
     ti = SimpleNamespace(dag_id="llm_finetune", run_id=f"manual__{try_number}", task_id="prepare_data",
                          try_number=try_number)  # fmt: skip
     run_params = {"source_uri": str(source), **params}
     operator = PrepareDataOperator(
-        task_id="prepare_data", tokenizer=str(tokenizer), pipeline_params=run_params
+        task_id="prepare_data", tokenizer=str(tokenizer), **_data_sections(run_params)
     )
     return operator.execute({"params": run_params, "ti": ti})
 
@@ -113,7 +120,7 @@ def test_a_reused_version_keeps_its_quality_report_only_under_the_same_rules(hom
             tokenizer=str(home / "tok"),
             validate_quality=True,
             gx_root="/gx",
-            pipeline_params=run_params,
+            **_data_sections(run_params),
         )
         context = {"params": run_params, "ti": ti, "run_id": ti.run_id}
         return operator.execute(context)

@@ -124,7 +124,7 @@ def test_a_report_from_the_prepare_job_is_decided_on_without_a_second_validation
         gx_root=str(tmp_path / "gx"),
         fail_on_error=fail_on_error,
         quality_summary=report,
-        pipeline_params={"label_column": "stars"},
+        source={"label_column": "stars"},
     )
     context = {"params": {"label_column": "stars"}, "run_id": "manual__1"}
     if fail_on_error:
@@ -163,7 +163,7 @@ def test_a_report_rendered_as_text_is_read_back_and_none_validates_here(calls, t
             source_uri=str(tmp_path / "reviews.jsonl"),
             fail_on_error=False,
             quality_summary=rendered,
-            pipeline_params={"label_column": "stars"},
+            source={"label_column": "stars"},
         )
 
     assert task(repr(report)).execute(context) == report and sessions == []

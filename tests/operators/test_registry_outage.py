@@ -367,9 +367,7 @@ def gate(version: str, run_id: str, champion: str | None) -> Callable[[], Promot
         "challenger": METRICS,
         "champion": METRICS if champion else None,
     }
-    return lambda: PromotionGateOperator(
-        task_id="gate", evaluation=evaluation, run_id=run_id, pipeline_params={}
-    )
+    return lambda: PromotionGateOperator(task_id="gate", evaluation=evaluation, run_id=run_id, rules={})
 
 
 def promote(

@@ -47,7 +47,7 @@ def home(tmp_path, monkeypatch):
 def test_prepare_on_a_small_file_gets_the_short_job_options(home, submitted):
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t", pipeline_params=_params(source)).execute(
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", source=_params(source)).execute(
         _context(source)
     )
     assert submitted[0][DRIVER_JAVA_OPTIONS] == SHORT_JOB_JAVA_OPTIONS
@@ -58,12 +58,12 @@ def test_prepare_on_a_large_input_or_a_table_keeps_the_jvm_defaults(home, submit
     monkeypatch.setattr("sparktune.data.spark_jvm.SHORT_JOB_MAX_BYTES", 10)
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t", pipeline_params=_params(source)).execute(
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", source=_params(source)).execute(
         _context(source)
     )
-    PrepareDataOperator(
-        task_id="prepare_data", tokenizer="t", pipeline_params=_params("sales.tickets")
-    ).execute(_context("sales.tickets"))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", source=_params("sales.tickets")).execute(
+        _context("sales.tickets")
+    )
     assert all(DRIVER_JAVA_OPTIONS not in conf for conf in submitted)
 
 
@@ -71,15 +71,15 @@ def test_every_driver_maps_the_class_archive_when_the_environment_has_one(home, 
     (home / "spark.jsa").write_bytes(b"archive")
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
-    PrepareDataOperator(task_id="prepare_data", tokenizer="t", pipeline_params=_params(source)).execute(
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", source=_params(source)).execute(
         _context(source)
     )
     archive = f"-XX:SharedArchiveFile={home / 'spark.jsa'}"
     assert submitted[-1][DRIVER_JAVA_OPTIONS] == f"{SHORT_JOB_JAVA_OPTIONS} {archive}"
     # A large input or a table keeps the JIT and collector defaults, and still starts faster.
-    PrepareDataOperator(
-        task_id="prepare_data", tokenizer="t", pipeline_params=_params("sales.tickets")
-    ).execute(_context("sales.tickets"))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", source=_params("sales.tickets")).execute(
+        _context("sales.tickets")
+    )
     assert submitted[-1][DRIVER_JAVA_OPTIONS] == archive
 
 
@@ -87,9 +87,9 @@ def test_the_users_java_options_win(home, submitted):
     source = home / "tickets.jsonl"
     source.write_text('{"message": "hi", "intent_label": "a"}\n')
     mine = {DRIVER_JAVA_OPTIONS: "-Xss4m"}
-    PrepareDataOperator(
-        task_id="prepare_data", tokenizer="t", conf=mine, pipeline_params=_params(source)
-    ).execute(_context(source))
+    PrepareDataOperator(task_id="prepare_data", tokenizer="t", conf=mine, source=_params(source)).execute(
+        _context(source)
+    )
     assert submitted[0][DRIVER_JAVA_OPTIONS] == "-Xss4m"
 
 
@@ -99,18 +99,16 @@ def test_the_quality_gate_session_gets_them_unless_the_connection_sets_them(home
     seen: list[dict] = []
     monkeypatch.setattr(PySparkOperator, "execute", lambda op, context: seen.append(dict(op.config_kwargs)))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
-    gate = SparkQualityGateOperator(
-        task_id="validate_data", source_uri=str(source), pipeline_params=_params(source)
-    )
+    gate = SparkQualityGateOperator(task_id="validate_data", source_uri=str(source), source=_params(source))
     gate.execute(_context(source))
     assert seen[-1] == {DRIVER_JAVA_OPTIONS: SHORT_JOB_JAVA_OPTIONS}
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT",
         '{"conn_type": "spark", "host": "local[2]", "extra": {"spark.driver.extraJavaOptions": "-Xss4m"}}',
     )
-    SparkQualityGateOperator(
-        task_id="validate_data", source_uri=str(source), pipeline_params=_params(source)
-    ).execute(_context(source))
+    SparkQualityGateOperator(task_id="validate_data", source_uri=str(source), source=_params(source)).execute(
+        _context(source)
+    )
     assert seen[-1] == {}
 
 
@@ -130,7 +128,7 @@ def test_the_feedback_sessions_and_spark_training_map_the_archive_too(home, monk
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT", '{"conn_type": "spark", "host": "local[2]"}')
     monkeypatch.setattr(sparktune.serve.feedback, "corrections_present", lambda uri: True)
 
-    MergeFeedbackOperator(task_id="merge_feedback", pipeline_params=_params(source)).execute(_context(source))
+    MergeFeedbackOperator(task_id="merge_feedback", source=_params(source)).execute(_context(source))
     assert seen[-1] == {DRIVER_JAVA_OPTIONS: f"{SHORT_JOB_JAVA_OPTIONS} {archive}"}
     context = {**_context(source), "logical_date": datetime(2026, 11, 25, tzinfo=UTC)}
     RecordCorrectionsOperator(task_id="record", corrections_uri=str(source), model_name="m").execute(context)

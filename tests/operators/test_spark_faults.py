@@ -62,7 +62,7 @@ def _operator(source: Path, tokenizer: Path, lake: Path, ui_port: int, events: P
     return PrepareDataOperator(
         task_id="prepare_data",
         tokenizer=str(tokenizer),
-        pipeline_params={"source_uri": str(source)},
+        source={"source_uri": str(source)},
         lake_uri=str(lake),
         conf={
             "spark.log.level": "WARN",

@@ -76,10 +76,16 @@ def _params(**overrides):
     return params
 
 
-def _operator(workspace: Path, **kwargs):
+def _operator(workspace: Path, pipeline_params: dict | None = None, **kwargs):
+    from sparktune.core.params import by_section
     from sparktune_airflow import TrainModelOperator
 
+    sections = by_section(pipeline_params or {})
     return TrainModelOperator(
+        model_name=(pipeline_params or {}).get("model_name", "support-intent"),
+        training=sections["training"],
+        backend=sections["backend"],
+        preparation=sections["preparation"],
         task_id="train",
         dataset_uri=str(workspace / "data"),
         base_model=str(workspace / "model"),

@@ -22,7 +22,7 @@ import pytest
 from airflow.providers.databricks.hooks.databricks import DatabricksHook
 from airflow.providers.databricks.triggers.databricks import DatabricksExecutionTrigger
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
-from sparktune.core.params import parse_params
+from sparktune.core.params import by_section, parse_params
 from sparktune_airflow import TrainModelOperator
 from sparktune_airflow.model.databricks_training import build_run_payload, run_token
 
@@ -105,10 +105,15 @@ def make_operator(
         dataset_uri=str(overrides.pop("dataset_uri", workspace / "data")),
         base_model=str(workspace / "model"),
         data_fingerprint="fp-tiny",
-        pipeline_params={**FAST, **overrides},
+        **_train_sections({**FAST, **overrides}),
         deferrable=deferrable,
         polling_period_seconds=1,
     )
+
+
+def _train_sections(flat: dict[str, Any]) -> dict[str, Any]:
+    sections = by_section(flat)
+    return {key: sections[key] for key in ("training", "backend", "preparation")}
 
 
 def submitted_tokens(api: FakeJobsApi, key: str) -> list[str]:
@@ -121,7 +126,7 @@ def runs_of(api: FakeJobsApi, token: str) -> list:
 
 
 def train_key(operator: TrainModelOperator, context: dict[str, Any]) -> str:
-    return operator._train_key(context, parse_params(operator.pipeline_params))
+    return operator._train_key(context, operator._params())
 
 
 def mlflow_run(run_id: str):
@@ -202,7 +207,7 @@ def sync_run(env, api, workspace):
 def test_sync_path_submits_once_and_returns_the_mlflow_result(api, sync_run):
     operator, context, result, seconds = sync_run
     key = train_key(operator, context)
-    params = parse_params(operator.pipeline_params)
+    params = operator._params()
 
     assert submitted_tokens(api, key) == [key]
     (submitted,) = [p for p in api.submits() if p.get("idempotency_token") == key]
@@ -352,7 +357,7 @@ def test_missing_connection_and_rejected_payload_say_how_to_fix_them(env, api, w
     assert "AIRFLOW_CONN_DATABRICKS_MISSING" in str(info.value)
 
     operator = make_operator(workspace, "train_rejected")
-    params = parse_params(operator.pipeline_params)
+    params = operator._params()
     payload = build_run_payload({"run_name": "r", "train_key": "rejected"}, params)
     del payload["tasks"][0]["new_cluster"]["spark_version"]
     with pytest.raises(AirflowFailException, match="HTTP 400") as info:

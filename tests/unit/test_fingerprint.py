@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from sparktune.core.params import parse_params
 from sparktune.data.fingerprint import data_fingerprint, preparation_params, tokenizer_fingerprint
@@ -69,24 +67,28 @@ def test_any_changed_row_param_or_tokenizer_changes_the_fingerprint(spark, param
         "duplicated": variant(rows + rows[:1]),
         "empty": variant([]),
         "min_chars": data_fingerprint(
-            spark.createDataFrame(rows, SCHEMA), replace(params, min_chars=21), "tok"
+            spark.createDataFrame(rows, SCHEMA), params.model_copy(update=dict(min_chars=21)), "tok"
         ),
         "template": data_fingerprint(
-            spark.createDataFrame(rows, SCHEMA), replace(params, prompt_template="{text} => {label}"), "tok"
+            spark.createDataFrame(rows, SCHEMA),
+            params.model_copy(update=dict(prompt_template="{text} => {label}")),
+            "tok",
         ),
         "tokenizer": data_fingerprint(spark.createDataFrame(rows, SCHEMA), params, "other"),
         "id_column": data_fingerprint(
-            spark.createDataFrame(rows, SCHEMA), replace(params, id_column="ticket_id"), "tok"
+            spark.createDataFrame(rows, SCHEMA), params.model_copy(update=dict(id_column="ticket_id")), "tok"
         ),
         "timestamp_column": data_fingerprint(
-            spark.createDataFrame(rows, SCHEMA), replace(params, timestamp_column="created"), "tok"
+            spark.createDataFrame(rows, SCHEMA),
+            params.model_copy(update=dict(timestamp_column="created")),
+            "tok",
         ),
     }
     assert len(set(fingerprints.values())) == len(fingerprints), fingerprints
 
     # Training params do not name a new data version.
-    training_only = replace(
-        params, learning_rate=1e-3, lora_r=8, base_model="/elsewhere", source_uri="/moved"
+    training_only = params.model_copy(
+        update=dict(learning_rate=1e-3, lora_r=8, base_model="/elsewhere", source_uri="/moved")
     )
     assert data_fingerprint(spark.createDataFrame(rows, SCHEMA), training_only, "tok") == base
 

@@ -64,16 +64,15 @@ def test_a_torch_that_cannot_tell_trains_in_float32(monkeypatch):
 
 
 def test_the_param_is_an_enum_that_changes_the_config_hash_but_not_the_data():
-    from sparktune.core.params import SPECS_BY_NAME, InvalidParamsError, parse_params
+    from sparktune.core.params import InvalidParamsError, PipelineParams, config_hash, parse_params
     from sparktune.data.fingerprint import preparation_params
-    from sparktune_airflow.core.params import trigger_form_params
-    from sparktune_airflow.core.task_context import config_hash
+    from sparktune_airflow.core.params import form_params
 
-    spec = SPECS_BY_NAME["precision"]
-    assert (spec.default, spec.enum, spec.section) == ("auto", ("auto", "bf16", "float32"), "Training")
-    assert trigger_form_params(["precision"])["precision"].schema["enum"] == ["auto", "bf16", "float32"]
+    field = PipelineParams.model_fields["precision"]
+    assert field.default == "auto" and field.json_schema_extra["section"] == "Training"
+    assert form_params(names=["precision"])["precision"].schema["enum"] == ["auto", "bf16", "float32"]
     assert parse_params({}).precision == "auto"
-    with pytest.raises(InvalidParamsError, match="precision: 'fp16' is not one of auto, bf16, float32"):
+    with pytest.raises(InvalidParamsError, match="precision: Input should be 'auto', 'bf16' or 'float32'"):
         parse_params({"precision": "fp16"})
     with pytest.raises(InvalidParamsError, match="qlora computes in bf16"):
         parse_params({"precision": "float32", "peft_method": "qlora"})

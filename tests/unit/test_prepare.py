@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -298,7 +297,9 @@ def test_split_proportions_and_stability(spark, tokenizer_path):
     by_bucket = sorted(rare_texts, key=dict(candidate_buckets(42, "a rare kind of request, number {}")).get)
     assert [rare[t] for t in by_bucket[-2:]] == ["validation", "test"]  # the two closest to the boundary
 
-    reseeded = prepare(spark.createDataFrame(big, schema), replace(params, split_seed=7), tokenizer_path)
+    reseeded = prepare(
+        spark.createDataFrame(big, schema), params.model_copy(update=dict(split_seed=7)), tokenizer_path
+    )
     moved = sum(1 for k, v in reseeded.rows.select("example_id", "split").collect() if after[k] != v)
     assert moved > 100  # the seed really drives the split
     for p in (first, second, reseeded):
@@ -355,7 +356,7 @@ def test_run_prepare_publishes_once_and_reuses(spark, tokenizer_path, tmp_path, 
     assert second["data_fingerprint"] == first["data_fingerprint"]
     assert snapshot(lake) == files  # nothing rewritten
 
-    changed = run_prepare(spark, replace(params, split_seed=1), tokenizer_path, str(lake))
+    changed = run_prepare(spark, params.model_copy(update=dict(split_seed=1)), tokenizer_path, str(lake))
     assert changed["data_fingerprint"] != first["data_fingerprint"] and changed["reused"] is False
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from sparktune.core.params import parse_params
 from sparktune.data.fingerprint import source_signature
@@ -28,9 +27,9 @@ def test_the_key_follows_the_files_the_preparation_params_and_the_tokenizer(tmp_
     key = key_of(params)
     assert key and key == key_of(params)
     # Training params do not change the prepared rows.
-    assert key_of(replace(params, learning_rate=1e-5, lora_r=4)) == key
-    assert key_of(replace(params, min_chars=3)) != key
-    assert key_of(replace(params, source_format="json")) != key
+    assert key_of(params.model_copy(update=dict(learning_rate=1e-5, lora_r=4))) == key
+    assert key_of(params.model_copy(update=dict(min_chars=3))) != key
+    assert key_of(params.model_copy(update=dict(source_format="json"))) != key
     (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "b"}')
     assert key_of(params) != key
     (tmp_path / "tok" / "tokenizer.json").write_text('{"model": "a"}')
@@ -39,7 +38,7 @@ def test_the_key_follows_the_files_the_preparation_params_and_the_tokenizer(tmp_
     assert key_of(params) != key
     # A catalog table has no listing to sign: always prepared by Spark.
     assert source_signature("sales.tickets") is None
-    assert inputs_key(None, replace(params, source_uri="sales.tickets"), tokenizer) is None
+    assert inputs_key(None, params.model_copy(update=dict(source_uri="sales.tickets")), tokenizer) is None
 
 
 def test_a_recorded_summary_is_found_while_its_folders_are_complete(tmp_path):

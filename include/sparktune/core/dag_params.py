@@ -1,179 +1,135 @@
 """The params of the DAGs around the pipeline (batch_inference, review_queue, record_corrections,
-rollback_champion), in the same :class:`ParamSpec` form as the pipeline's own.
+rollback_champion, champion_guard), typed the same way as the pipeline's own
+(:mod:`sparktune.core.params`).
 
-Functions, not constants: their defaults are paths under ``SPARKTUNE_HOME`` and the lake, read
-when a DAG file is parsed.
+Defaults under ``SPARKTUNE_HOME`` and the lake are read when a DAG file builds its form.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from typing import Literal
 
 from sparktune.core.config import DEFAULT_MODEL_NAME, settings
-from sparktune.core.params import SPECS_BY_NAME, ParamSpec
+from sparktune.core.params import (
+    Integer,
+    Number,
+    OptionalText,
+    ParamGroup,
+    RequiredText,
+    TrainingRecipe,
+    param,
+)
 
 SCORING = "Scoring"
 MODEL = "Model"
 REVIEW = "Review"
 
 
-def batch_inference_specs() -> tuple[ParamSpec, ...]:
+class BatchInferenceParams(ParamGroup):
     """What the batch_inference trigger form asks: the texts, where predictions go, the model."""
-    return (
-        ParamSpec(
-            "source_uri",
-            "string",
-            str(settings().incoming_source_path),
-            "Table name or path (Parquet, CSV, JSON Lines) of the texts to score.",
-            section=SCORING,
-            min_length=1,
-        ),
-        ParamSpec(
-            "source_format",
-            "string",
-            "auto",
-            "How to read source_uri.",
-            enum=SPECS_BY_NAME["source_format"].enum,
-            section=SCORING,
-        ),
-        ParamSpec("text_column", "string", "message", "Column with the text.", section=SCORING, min_length=1),
-        ParamSpec(
-            "id_column",
-            "string",
-            "message_hash",
-            "Column identifying each row.",
-            section=SCORING,
-            min_length=1,
-        ),
-        ParamSpec(
-            "output_uri",
-            "string",
-            f"{settings().lake_uri}/predictions",
-            "Parquet root of the predictions; each run writes <output_uri>/date=<day>.",
-            section=SCORING,
-            min_length=1,
-        ),
-        ParamSpec(
-            "min_score",
-            "number",
-            0.0,
-            "Keep predictions whose confidence is at least this (0 keeps all).",
-            minimum=0.0,
-            maximum=1.0,
-            section=SCORING,
-        ),
-        ParamSpec(
-            "batch_size", "integer", 32, "Texts per forward pass.", minimum=1, maximum=4096, section=SCORING
-        ),
-        ParamSpec(
-            "feedback_uri",
-            "string",
-            settings().feedback_uri,
-            "Feedback table that receives the scored rows for review; empty: none.",
-            section=SCORING,
-        ),
-        ParamSpec(
-            "model_name",
-            "string",
-            DEFAULT_MODEL_NAME,
-            "Registered model (a champion-alias event that triggers the run names its own).",
-            section=MODEL,
-            min_length=1,
-        ),
-        ParamSpec("model_alias", "string", "champion", "Alias to score with.", section=MODEL, min_length=1),
-        replace(SPECS_BY_NAME["trust_remote_code"], section=MODEL),
+
+    source_uri: RequiredText = param(
+        None,
+        "Table name or path (Parquet, CSV, JSON Lines) of the texts to score.",
+        default_factory=lambda: str(settings().incoming_source_path),
+        section=SCORING,
+    )
+    source_format: Literal["auto", "parquet", "csv", "json", "table"] = param(
+        "auto", "How to read source_uri.", section=SCORING
+    )
+    text_column: RequiredText = param("message", "Column with the text.", section=SCORING)
+    id_column: RequiredText = param("message_hash", "Column identifying each row.", section=SCORING)
+    output_uri: RequiredText = param(
+        None,
+        "Parquet root of the predictions; each run writes <output_uri>/date=<day>.",
+        default_factory=lambda: f"{settings().lake_uri}/predictions",
+        section=SCORING,
+    )
+    min_score: Number = param(
+        0.0,
+        "Keep predictions whose confidence is at least this (0 keeps all).",
+        ge=0.0,
+        le=1.0,
+        section=SCORING,
+    )
+    batch_size: Integer = param(32, "Texts per forward pass.", ge=1, le=4096, section=SCORING)
+    feedback_uri: OptionalText = param(
+        None,
+        "Feedback table that receives the scored rows for review; empty: none.",
+        default_factory=lambda: settings().feedback_uri,
+        section=SCORING,
+    )
+    model_name: RequiredText = param(
+        DEFAULT_MODEL_NAME,
+        "Registered model (a champion-alias event that triggers the run names its own).",
+        section=MODEL,
+    )
+    model_alias: RequiredText = param("champion", "Alias to score with.", section=MODEL)
+    trust_remote_code: bool = param(
+        False, TrainingRecipe.model_fields["trust_remote_code"].description or "", section=MODEL
     )
 
 
-def record_corrections_specs() -> tuple[ParamSpec, ...]:
+class RecordCorrectionsParams(ParamGroup):
     """The corrections file and the model whose labels they use."""
-    return (
-        ParamSpec(
-            "corrections_uri",
-            "string",
-            None,  # no default: every run names its file
-            "Path of the corrections (Parquet, CSV or JSON Lines) with columns id and label.",
-            section="Corrections",
-            min_length=1,
-        ),
-        ParamSpec(
-            "model_name",
-            "string",
-            DEFAULT_MODEL_NAME,
-            "Model whose champion's labels the corrections use.",
-            section=MODEL,
-            min_length=1,
-        ),
+
+    corrections_uri: RequiredText = param(
+        ...,  # no default: every run names its file
+        "Path of the corrections (Parquet, CSV or JSON Lines) with columns id and label.",
+        section="Corrections",
+    )
+    model_name: RequiredText = param(
+        DEFAULT_MODEL_NAME, "Model whose champion's labels the corrections use.", section=MODEL
     )
 
 
-def review_queue_specs() -> tuple[ParamSpec, ...]:
+class ReviewQueueParams(ParamGroup):
     """Whose scored rows to queue for review, how many, and where the files go."""
-    return (
-        ParamSpec(
-            "model_name",
-            "string",
-            DEFAULT_MODEL_NAME,
-            "Registered model whose scored rows to queue. Empty: the rows of every model.",
-            section=MODEL,
-        ),
-        ParamSpec(
-            "queue_size",
-            "integer",
-            100,
-            "How many rows the queue holds: the distinct, uncorrected texts the model is least sure of.",
-            minimum=1,
-            maximum=10_000,
-            section=REVIEW,
-        ),
-        ParamSpec(
-            "output_uri",
-            "string",
-            f"{settings().feedback_uri}/review_queue",
-            "Folder of the queues; each run writes <output_uri>/<run id>/review_queue.csv and .parquet.",
-            section=REVIEW,
-            min_length=1,
-        ),
+
+    model_name: OptionalText = param(
+        DEFAULT_MODEL_NAME,
+        "Registered model whose scored rows to queue. Empty: the rows of every model.",
+        section=MODEL,
+    )
+    queue_size: Integer = param(
+        100,
+        "How many rows the queue holds: the distinct, uncorrected texts the model is least sure of.",
+        ge=1,
+        le=10_000,
+        section=REVIEW,
+    )
+    output_uri: RequiredText = param(
+        None,
+        "Folder of the queues; each run writes <output_uri>/<run id>/review_queue.csv and .parquet.",
+        default_factory=lambda: f"{settings().feedback_uri}/review_queue",
+        section=REVIEW,
     )
 
 
-def rollback_specs() -> tuple[ParamSpec, ...]:
+class RollbackParams(ParamGroup):
     """Which model's champion to move back, to which version, and why."""
-    return (
-        ParamSpec(
-            "model_name",
-            "string",
-            DEFAULT_MODEL_NAME,
-            "Registered model name in MLflow whose champion to roll back.",
-            section=MODEL,
-            min_length=1,
-        ),
-        ParamSpec(
-            "to_version",
-            "string",
-            "",
-            "Version number to make champion. Empty: the version the previous_champion alias points at.",
-            section=MODEL,
-            pattern=r"^\s*[0-9]*\s*$",
-        ),
-        ParamSpec(
-            "reason",
-            "string",
-            "",
-            "Why you roll back; recorded in the audit log. Empty: 'rollback requested by' this DAG run.",
-            section=MODEL,
-        ),
+
+    model_name: RequiredText = param(
+        DEFAULT_MODEL_NAME, "Registered model name in MLflow whose champion to roll back.", section=MODEL
+    )
+    to_version: OptionalText = param(
+        "",
+        "Version number to make champion. Empty: the version the previous_champion alias points at.",
+        section=MODEL,
+        pattern=r"^\s*[0-9]*\s*$",
+    )
+    reason: OptionalText = param(
+        "",
+        "Why you roll back; recorded in the audit log. Empty: 'rollback requested by' this DAG run.",
+        section=MODEL,
     )
 
 
-def champion_guard_specs() -> tuple[ParamSpec, ...]:
+class ChampionGuardParams(ParamGroup):
     """Which model's champion to check against the audit log."""
-    return (
-        ParamSpec(
-            "model_name",
-            "string",
-            "",
-            "Registered model whose champion to check against the audit log. Empty: every registered model.",
-            section=MODEL,
-        ),
+
+    model_name: OptionalText = param(
+        "",
+        "Registered model whose champion to check against the audit log. Empty: every registered model.",
+        section=MODEL,
     )

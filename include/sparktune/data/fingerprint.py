@@ -13,30 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparktune.core.params import FINGERPRINT_PARAMS
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from sparktune.core.params import PipelineParams
 
 # Bump when the recipe changes meaning without any param changing, so old versions are not reused.
 RECIPE_VERSION = 1
-# The params that change what prepare_data produces; training params must not change the data key.
-PREPARATION_PARAMS = (
-    "source_format",
-    "text_column",
-    "label_column",
-    "quality_column",
-    # The dedupe key and which duplicate is kept: both change the rows and their example_ids.
-    "id_column",
-    "timestamp_column",
-    # Which copies of a text labelled differently are kept.
-    "label_conflicts",
-    "min_quality_score",
-    "min_chars",
-    "max_chars",
-    "max_length",
-    "split_seed",
-    "prompt_template",
-)
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -53,7 +37,7 @@ _HEX_DIGITS = 15  # 60 bits per slice: a sum over 10^12 rows still fits decimal(
 
 
 def preparation_params(params: PipelineParams) -> dict[str, Any]:
-    return {name: getattr(params, name) for name in PREPARATION_PARAMS}
+    return {name: getattr(params, name) for name in FINGERPRINT_PARAMS}
 
 
 def rows_digest(rows: DataFrame) -> dict[str, Any]:

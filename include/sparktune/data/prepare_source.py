@@ -31,7 +31,7 @@ from sparktune.data.prepare_errors import (
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
-    from sparktune.core.params import PipelineParams
+    from sparktune.core.params import DataSource, PipelineParams
 
 # Spark's JSON reader puts lines it cannot parse in this column (PERMISSIVE mode).
 CORRUPT_RECORD = "_corrupt_record"
@@ -437,7 +437,7 @@ def decoding_error(source: str | None, stats: list[Any]) -> UnreadableSourceErro
 # --------------------------------------------------------------------------- source_uri
 
 
-def resolve_source_uri(params: PipelineParams) -> str:
+def resolve_source_uri(params: DataSource) -> str:
     """The source to read: ``params.source_uri`` (a local relative path made absolute, so the
     submitting process and the Spark driver agree), or the generated demo data when it is empty."""
     from sparktune.core.config import settings

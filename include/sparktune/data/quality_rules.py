@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparktune.core.params import PARAM_SPECS, InvalidParamsError, PipelineParams, default_params
+from sparktune.core.params import InvalidParamsError, PipelineParams, default_params
 
 if TYPE_CHECKING:
     from great_expectations.expectations.expectation import Expectation
@@ -157,7 +157,7 @@ def raw_rule_params() -> tuple[str, ...]:
     used = {"source_uri", "source_format", "quality_warning_rules"}
     for rule in _raw_rules(_every_column_params()):
         used.update(name.strip() for name in (rule.param or "").split(",") if name.strip())
-    return tuple(spec.name for spec in PARAM_SPECS if spec.name in used)
+    return tuple(name for name in PipelineParams.model_fields if name in used)
 
 
 def warning_rules(params: PipelineParams) -> frozenset[str]:

@@ -207,7 +207,7 @@ def resolve(params: PipelineParams, facts: BaseModelFacts) -> ResolvedRecipe:
     current = params.to_dict()
     from_recipe = {name: recipe.values[name] for name in RECIPE_FIELDS if is_unset(name, current[name])}
     set_by_user = {name: current[name] for name in RECIPE_FIELDS if name not in from_recipe}
-    return ResolvedRecipe(replace(params, **from_recipe), recipe, from_recipe, set_by_user)
+    return ResolvedRecipe(params.model_copy(update=from_recipe), recipe, from_recipe, set_by_user)
 
 
 def format_recipe(summary: dict[str, Any]) -> list[str]:

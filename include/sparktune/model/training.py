@@ -246,7 +246,10 @@ def _train_in_run(
     # What the param precision resolved to on this device (auto: bf16 where it computes bf16 natively).
     precision = "bf16" if trainer.args.bf16 else "float32"
     if main_process:
-        mlflow.log_params({k: _param_value(v) for k, v in params.to_dict().items()})
+        # The params the run was sent (the sections training reads), recipe values filled in.
+        sent = request.params
+        logged = {k: _param_value(v) for k, v in params.to_dict().items() if not sent or k in sent}
+        mlflow.log_params(logged)
         mlflow.log_params(
             {
                 "base_model_resolved": request.base_model,

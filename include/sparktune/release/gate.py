@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparktune.core.params import PipelineParams
+from sparktune.core.params import PromotionRules
 from sparktune.release.baseline import BASELINE_NAME, VS_BASELINE_PREFIX
 from sparktune.release.metrics import CONFIDENCE, metric_safe
 
@@ -70,7 +70,7 @@ class GateDecision:
         return asdict(self)
 
 
-def gate_rules(params: PipelineParams) -> list[GateRule]:
+def gate_rules(params: PromotionRules) -> list[GateRule]:
     rules = [
         GateRule(
             "min_accuracy",

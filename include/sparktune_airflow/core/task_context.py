@@ -4,8 +4,6 @@ the audit actor, and skipping the rest of the run."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,33 +11,28 @@ from typing import Any
 from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.core.config import settings
-from sparktune.core.params import RUN_SWITCHES, InvalidParamsError, PipelineParams, parse_params
+from sparktune.core.params import G, InvalidParamsError, validated
 from sparktune.core.paths import path_segment
 
 
-def pipeline_params(explicit: Mapping[str, Any] | None) -> PipelineParams:
-    """Typed params from an operator's ``pipeline_params`` (missing names take their defaults;
-    None: all defaults); invalid ones fail the task at once.
+def typed_params(group: type[G], value: G | Mapping[str, Any] | None, argument: str) -> G:
+    """An operator's ``argument`` as its typed section (a model instance, or a dict whose missing
+    names take their defaults; None: all defaults); invalid values fail the task at once, every
+    problem in one message.
 
     Explicit on purpose: an operator never reads the DAG run's params on its own, so one reused in
-    another DAG does not pick up that DAG's form. The pipeline's DAGs pass ``"{{ params }}"``,
-    which a DAG with ``render_template_as_native_obj=True`` renders as the run's params.
+    another DAG does not pick up that DAG's form. The pipeline's DAG hands each operator its
+    sections from ``ValidateParamsOperator``'s output (``validate_params.output["training"]``).
     """
-    if isinstance(explicit, str):
+    if isinstance(value, str):
         raise AirflowFailException(
-            f"pipeline_params rendered to a string ({explicit[:80]!r}): pass a dict, or set "
-            "render_template_as_native_obj=True on the DAG so that '{{ params }}' renders as one"
+            f"{argument} rendered to a string ({value[:80]!r}): pass a dict or a {group.__name__}, "
+            "or an XComArg such as validate_params.output['{argument}']"
         )
     try:
-        return parse_params(dict(explicit or {}))
+        return validated(group, value)
     except InvalidParamsError as exc:
-        raise AirflowFailException(str(exc)) from exc
-
-
-def config_hash(params: PipelineParams) -> str:
-    """What the run trains with: every param but the run switches (force_retrain, merge_feedback)."""
-    config = {k: v for k, v in params.to_dict().items() if k not in RUN_SWITCHES}
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        raise AirflowFailException(f"{argument}: {exc}") from exc
 
 
 def templated_bool(value: Any) -> bool:

@@ -94,6 +94,7 @@ class MaterializeDatasetOperator(ReportsLineage, SparkSubmitOperator):
     ) -> None:
         kwargs.setdefault("name", "sparktune-materialize_dataset")
         kwargs.setdefault("conf", {"spark.log.level": "WARN"})
+        kwargs.setdefault("multiple_outputs", True)  # dataset_uri is read by the tasks after it
         super().__init__(conn_id=conn_id, **kwargs)
         self.source = source
         self.datasets_root = datasets_root

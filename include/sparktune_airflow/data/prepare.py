@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -24,7 +23,7 @@ from sparktune_airflow.core.lineage import ReportsLineage
 from sparktune_airflow.core.links import SparkUILink
 from sparktune_airflow.core.spark_jobs import job_path, submit_and_read_summary
 from sparktune_airflow.core.spark_submit import SparkSubmitOperator
-from sparktune_airflow.core.task_context import check_allowed_location, pipeline_params, task_scratch_dir
+from sparktune_airflow.core.task_context import check_allowed_location, task_scratch_dir, typed_params
 
 
 class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
@@ -36,8 +35,12 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
 
     :param tokenizer: (templated) the tokenizer that counts tokens: a hub id or model folder,
         usually what ``ResolveBaseModelOperator`` returned.
-    :param pipeline_params: (templated) columns and preparation recipe (filters, template, split
-        seed); missing names (or None) take their defaults.
+    :param source: (templated) the source and its columns (:class:`sparktune.core.params.DataSource`
+        or a dict of its fields); missing names (or None) take their defaults.
+    :param preparation: (templated) the recipe: filters, template, split seed
+        (:class:`sparktune.core.params.PreparationRecipe` or a dict); missing names take defaults.
+    :param quality: (templated) the quality gate's thresholds, used with ``validate_quality``
+        (:class:`sparktune.core.params.QualityRules` or a dict); missing names take defaults.
     :param lake_uri: where the prepared splits and quarantined rows go, keyed by fingerprint;
         default ``$SPARKTUNE_LAKE_URI`` or ``$SPARKTUNE_HOME/lake``.
     :param source_uri: (templated) read this instead of the params' ``source_uri`` (for example
@@ -57,7 +60,9 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
 
     template_fields: Sequence[str] = (
         *SparkSubmitOperator.template_fields,
-        "pipeline_params",
+        "source",
+        "preparation",
+        "quality",
         "tokenizer",
         "source_uri",
         "source_format",
@@ -68,7 +73,9 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self,
         *,
         tokenizer: str,
-        pipeline_params: dict[str, Any] | None = None,
+        source: Any = None,
+        preparation: Any = None,
+        quality: Any = None,
         lake_uri: str | None = None,
         source_uri: str | None = None,
         source_format: str | None = None,
@@ -79,11 +86,14 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
     ) -> None:
         """``source_uri``/``source_format`` override the params' (``MergeFeedbackOperator``'s output)."""
         kwargs.setdefault("name", "sparktune-prepare_data")
+        kwargs.setdefault("multiple_outputs", True)  # prepared_uri, data_fingerprint, labels, quality
         # Spark's INFO chatter would bury the step table in the task log; pass conf to change it.
         kwargs.setdefault("conf", {"spark.log.level": "WARN"})
         super().__init__(conn_id=conn_id, **kwargs)
         self.tokenizer = tokenizer
-        self.pipeline_params = pipeline_params
+        self.source = source
+        self.preparation = preparation
+        self.quality = quality
         self.lake_uri = lake_uri
         self.source_uri = source_uri
         self.source_format = source_format
@@ -91,10 +101,16 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self.gx_root = gx_root
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from sparktune.core.params import DataSource, PreparationRecipe, QualityRules, combined
         from sparktune.data.prepare_errors import DataPreparationError
         from sparktune.data.prepare_source import resolve_source_uri
 
-        params = pipeline_params(self.pipeline_params)
+        # The job's functions read these three sections only.
+        params = combined(
+            typed_params(DataSource, self.source, "source"),
+            typed_params(PreparationRecipe, self.preparation, "preparation"),
+            typed_params(QualityRules, self.quality, "quality"),
+        )
         try:
             source_uri = self.source_uri or resolve_source_uri(params)
         except DataPreparationError as exc:
@@ -124,7 +140,7 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
             self.application_args += ["--gx-root", gx_root, "--quality-run-id", context["run_id"]]
         lake_uri = self.lake_uri or settings().lake_uri
         source_format = self.source_format or params.source_format
-        effective = replace(params, source_uri=source_uri, source_format=source_format)
+        effective = params.model_copy(update={"source_uri": source_uri, "source_format": source_format})
         key = inputs_key(files_signature(listed), effective, self.tokenizer)
         summary = self._reused(lake_uri, key, params)
         if summary is None:

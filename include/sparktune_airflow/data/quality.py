@@ -16,7 +16,7 @@ from sparktune.core.params import PipelineParams
 from sparktune.data.spark_jvm import input_bytes
 from sparktune_airflow.core.links import DataDocsLink
 from sparktune_airflow.core.spark_jobs import session_jvm_conf
-from sparktune_airflow.core.task_context import check_allowed_location, pipeline_params
+from sparktune_airflow.core.task_context import check_allowed_location, typed_params
 
 
 def _quality_gate(
@@ -100,9 +100,12 @@ class SparkQualityGateOperator(PySparkOperator):
         empty: validate the source alone.
     :param source_uri: (templated) the raw table or path (Parquet, CSV, JSON Lines, or a catalog
         table); default (None): the params' ``source_uri`` (empty there: the demo data).
-    :param pipeline_params: (templated) columns and rule thresholds (``text_column``,
-        ``label_column``, ``min_rows``, ``max_null_rate``, ``quality_warning_rules``, ...);
-        missing names (or None) take their defaults.
+    :param source: (templated) the columns and how to read the source
+        (:class:`sparktune.core.params.DataSource` or a dict: ``text_column``, ``label_column``,
+        ``source_format``, ...); missing names (or None) take their defaults.
+    :param rules: (templated) the rule thresholds (:class:`sparktune.core.params.QualityRules` or a
+        dict: ``min_rows``, ``max_null_rate``, ``quality_warning_rules``, ...); missing names (or
+        None) take their defaults.
     :param gx_root: (templated) the Great Expectations project folder; default ``$SPARKTUNE_HOME/gx``.
     :param fail_on_error: (templated) True (default): a failed error rule fails the task at once,
         without retries, in one message listing every failed rule. False: the task succeeds and the
@@ -121,7 +124,8 @@ class SparkQualityGateOperator(PySparkOperator):
         *PySparkOperator.template_fields,
         "prepared_uri",
         "source_uri",
-        "pipeline_params",
+        "source",
+        "rules",
         "quality_summary",
     )
     operator_extra_links = (DataDocsLink(),)
@@ -131,7 +135,8 @@ class SparkQualityGateOperator(PySparkOperator):
         *,
         prepared_uri: str | None = None,
         source_uri: str | None = None,
-        pipeline_params: dict[str, Any] | None = None,
+        source: Any = None,
+        rules: Any = None,
         gx_root: str | None = None,
         fail_on_error: bool | str = True,
         raw_suite_name: str | None = None,
@@ -139,6 +144,7 @@ class SparkQualityGateOperator(PySparkOperator):
         conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # source_uri, validation_pages: read downstream
         super().__init__(
             python_callable=_quality_gate,
             conn_id=conn_id,
@@ -153,12 +159,17 @@ class SparkQualityGateOperator(PySparkOperator):
         )
         self.prepared_uri = prepared_uri
         self.source_uri = source_uri
-        self.pipeline_params = pipeline_params
+        self.source = source
+        self.rules = rules
         self.quality_summary = quality_summary
 
     def execute(self, context: Any) -> Any:
         # Params and locations first: a bad value fails here, before a Spark session starts.
-        typed = pipeline_params(self.pipeline_params)
+        from sparktune.core.params import DataSource, QualityRules, combined
+
+        typed = combined(
+            typed_params(DataSource, self.source, "source"), typed_params(QualityRules, self.rules, "rules")
+        )
         # Parsed once: the Spark callable gets the typed params, not the raw ones again.
         self.op_kwargs["typed_params"] = typed
         source = self.op_kwargs.get("source_uri")

@@ -20,7 +20,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowNotFoundException
-from sparktune_airflow.core.task_context import pipeline_params
 
 # The Databricks provider is imported where it is used: its operators module loads Airflow's ORM
 # models and its hooks aiohttp, which every DAG file importing TrainModelOperator paid at parse time.
@@ -319,7 +318,7 @@ class DatabricksTrainingMixin:
             )
         self.log.info("Job run completed successfully.")
         # A deferred task resumes in a new process: its params are parsed again, once.
-        request = self._request(context, pipeline_params(self.pipeline_params))
+        request = self._request(context, self._params())
         try:
             return self._finish(request)
         except AirflowException as exc:

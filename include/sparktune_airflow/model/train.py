@@ -18,21 +18,34 @@ from airflow.configuration import conf
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import BaseOperator, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
-from sparktune.core.config import settings
-from sparktune.core.params import PipelineParams
+from sparktune.core.config import DEFAULT_MODEL_NAME, settings
+from sparktune.core.params import (
+    PipelineParams,
+    PreparationRecipe,
+    TrainingBackend,
+    TrainingRecipe,
+    combined,
+    config_hash,
+)
 from sparktune.data.spark_jvm import short_job_conf
 from sparktune_airflow.core.domain_cli import raise_for_exit_code
 from sparktune_airflow.core.lineage import ReportsLineage
 from sparktune_airflow.core.links import DatabricksRunLink, MLflowRunLink
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
 from sparktune_airflow.core.spark_jobs import job_path
-from sparktune_airflow.core.task_context import config_hash, pipeline_params
+from sparktune_airflow.core.task_context import typed_params
 from sparktune_airflow.model import training_process
 from sparktune_airflow.model.databricks_training import DatabricksTrainingMixin
 
 # What get_job_status reports of a training process on this host.
 _RUNNING = "running"
 _ENDED = "ended"
+
+
+# What the training process is sent (and logs as the run's params): the sections it reads.
+_TRAINING_FIELDS = frozenset(
+    (*TrainingRecipe.model_fields, *TrainingBackend.model_fields, *PreparationRecipe.model_fields)
+)
 
 
 class TrainModelOperator(
@@ -61,8 +74,16 @@ class TrainModelOperator(
     :param base_model: (templated) what ``ResolveBaseModelOperator`` returned.
     :param data_fingerprint: (templated) the data version: part of the submission key, tagged on
         the MLflow run.
-    :param pipeline_params: (templated) the training recipe and ``train_backend``, ``num_workers``,
-        ``databricks_*``; missing names (or None) take their defaults.
+    :param model_name: (templated) the registered model: its MLflow experiment receives the run.
+    :param training: (templated) the recipe (:class:`sparktune.core.params.TrainingRecipe` or a
+        dict of its fields); missing names (or None) take their defaults, unset recipe fields come
+        from the base model's recipe.
+    :param backend: (templated) ``train_backend``, ``num_workers``, ``databricks_*``,
+        ``train_timeout_minutes`` (:class:`sparktune.core.params.TrainingBackend` or a dict).
+    :param preparation: (templated) the data's ``prompt_template`` and ``max_length``, which the
+        logged model scores with (:class:`sparktune.core.params.PreparationRecipe` or a dict).
+    :param config_hash: (templated) the run's config hash (``ValidateParamsOperator``'s), part of
+        the submission key and tagged on the run; None: the hash of the sections given here.
     :param spark_conn_id: the Spark connection of ``train_backend=spark`` (default ``spark_default``).
     :param spark_conf: extra Spark conf for that spark-submit.
     :param databricks_conn_id: the Databricks connection of ``train_backend=databricks`` (default
@@ -74,7 +95,16 @@ class TrainModelOperator(
 
     # Where the task state store keeps the training process of this task (ResumableJobMixin).
     external_id_key = "sparktune_training"
-    template_fields: Sequence[str] = ("dataset_uri", "base_model", "data_fingerprint", "pipeline_params")
+    template_fields: Sequence[str] = (
+        "dataset_uri",
+        "base_model",
+        "data_fingerprint",
+        "model_name",
+        "training",
+        "backend",
+        "preparation",
+        "config_hash",
+    )
     operator_extra_links = (DatabricksRunLink(), MLflowRunLink())
 
     def __init__(
@@ -83,7 +113,11 @@ class TrainModelOperator(
         dataset_uri: str,
         base_model: str,
         data_fingerprint: str,
-        pipeline_params: dict[str, Any] | None = None,
+        model_name: str = DEFAULT_MODEL_NAME,
+        training: Any = None,
+        backend: Any = None,
+        preparation: Any = None,
+        config_hash: str | None = None,
         spark_conn_id: str = "spark_default",
         spark_conf: dict[str, Any] | None = None,
         databricks_conn_id: str = "databricks_default",
@@ -91,11 +125,16 @@ class TrainModelOperator(
         polling_period_seconds: int = 30,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # mlflow_run_id is read by the tasks after it
         super().__init__(**kwargs)
         self.dataset_uri = dataset_uri
         self.base_model = base_model
         self.data_fingerprint = data_fingerprint
-        self.pipeline_params = pipeline_params
+        self.model_name = model_name
+        self.training = training
+        self.backend = backend
+        self.preparation = preparation
+        self.config_hash = config_hash
         self.spark_conn_id = spark_conn_id
         self.spark_conf = spark_conf
         self.databricks_conn_id = databricks_conn_id
@@ -110,9 +149,22 @@ class TrainModelOperator(
 
     # -- the key and the request
 
+    def _params(self) -> PipelineParams:
+        """The three sections as one typed set, for the training code, which reads only them."""
+        return combined(
+            typed_params(TrainingRecipe, self.training, "training"),
+            typed_params(TrainingBackend, self.backend, "backend"),
+            typed_params(PreparationRecipe, self.preparation, "preparation"),
+        )
+
+    def _config_hash(self, params: PipelineParams) -> str:
+        return str(self.config_hash or "").strip() or config_hash(params)
+
     def _train_key(self, context: Any, params: PipelineParams) -> str:
         ti = context["ti"]
-        key_source = f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{self.data_fingerprint}/{config_hash(params)}"
+        key_source = (
+            f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{self.data_fingerprint}/{self._config_hash(params)}"
+        )
         return hashlib.sha256(key_source.encode()).hexdigest()[:24]
 
     def _work_dir(self, train_key: str) -> Path:
@@ -126,15 +178,15 @@ class TrainModelOperator(
             "dataset_path": self.dataset_uri,
             "base_model": self.base_model,
             "output_dir": str(self._work_dir(train_key)),
-            "params": params.to_dict(),
+            "params": {k: v for k, v in params.to_dict().items() if k in _TRAINING_FIELDS},
             "mlflow_tracking_uri": self.mlflow_hook.tracking_uri(),
             "artifact_location": settings().mlflow_artifact_root,
-            "experiment_name": experiment_name(params.model_name),
+            "experiment_name": experiment_name(str(self.model_name)),
             "train_key": train_key,
             "run_name": f"{ti.dag_id}-{ti.run_id}"[:250],
             "tags": {
                 "sparktune.data_fingerprint": self.data_fingerprint,
-                "sparktune.config_hash": config_hash(params),
+                "sparktune.config_hash": self._config_hash(params),
                 "sparktune.train_backend": params.train_backend,
                 "airflow.dag_id": ti.dag_id,
                 "airflow.run_id": ti.run_id,
@@ -150,12 +202,12 @@ class TrainModelOperator(
         super().pre_execute(context)
         # A DAG file is parsed before a run has params, so the time limit comes from the run's
         # train_timeout_minutes here: Airflow reads execution_timeout after pre_execute.
-        minutes = pipeline_params(self.pipeline_params).train_timeout_minutes
+        minutes = self._params().train_timeout_minutes
         self.execution_timeout = timedelta(minutes=minutes)
         self.log.info("time limit of this training: %g minutes (train_timeout_minutes)", minutes)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        params = pipeline_params(self.pipeline_params)
+        params = self._params()
         request = self._request(context, params)
         self.log.info(
             "train key %s, backend %s, work dir %s",

@@ -15,7 +15,7 @@ from sparktune.core.notifications import APPROVAL_WAITING
 from sparktune_airflow.core.links import data_docs_url, mlflow_ui_base
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
 from sparktune_airflow.core.notify import PipelineNotifier
-from sparktune_airflow.core.task_context import audit_actor, pipeline_params
+from sparktune_airflow.core.task_context import audit_actor, typed_params
 
 _PLACEHOLDER_SUBJECT = "Approve the new champion?"  # replaced by the evidence when the task runs
 
@@ -39,7 +39,9 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
     :param data_fingerprint: (templated) the data version trained on.
     :param run_id: (templated) the challenger's MLflow run (links to it and its confusion matrix).
     :param quality: (templated) what ``SparkQualityGateOperator`` returned (its Data Docs page).
-    :param pipeline_params: (templated) ``approval``, ``approvers``, ``approval_timeout_minutes``.
+    :param policy: (templated) ``approval``, ``approvers``, ``approval_timeout_minutes``
+        (:class:`sparktune.core.params.ApprovalPolicy`, or a dict of them; missing names take their
+        defaults: approval ``none``).
     """
 
     template_fields: Sequence[str] = (
@@ -52,7 +54,7 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         "data_fingerprint",
         "run_id",
         "quality",
-        "pipeline_params",
+        "policy",
     )
 
     def __init__(
@@ -66,7 +68,7 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         data_fingerprint: str = "",
         run_id: str = "",
         quality: Any = None,
-        pipeline_params: Any = None,
+        policy: Any = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("subject", _PLACEHOLDER_SUBJECT)
@@ -94,7 +96,7 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         self.data_fingerprint = data_fingerprint
         self.run_id = run_id
         self.quality = quality
-        self.pipeline_params = pipeline_params
+        self.policy = policy
 
     def _links(self) -> dict[str, str]:
         base = mlflow_ui_base(self.mlflow_hook.tracking_uri())
@@ -109,9 +111,10 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         }
 
     def execute(self, context: Any) -> Any:
+        from sparktune.core.params import ApprovalPolicy
         from sparktune.release.approval import approval_request
 
-        params = pipeline_params(self.pipeline_params)
+        params = typed_params(ApprovalPolicy, self.policy, "policy")
         if params.approval == "none":
             self.log.info("approval=none: promotion follows the gate and the smoke test, no one is asked")
             return {"decision": "not_required"}
@@ -171,9 +174,10 @@ class ChampionApprovalOperator(UsesMLflowConnection, ApprovalOperator):
         }
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        from sparktune.core.params import ApprovalPolicy
         from sparktune.release.approval import decision_from_response, record_decision
 
-        params = pipeline_params(self.pipeline_params)
+        params = typed_params(ApprovalPolicy, self.policy, "policy")
         responded_at = event.get("responded_at")
         at = responded_at.isoformat() if isinstance(responded_at, datetime) else str(responded_at or "")
         decision = decision_from_response(

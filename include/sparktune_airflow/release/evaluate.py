@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune_airflow.core.domain_cli import raise_for_exit_code, run_module
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
-from sparktune_airflow.core.task_context import pipeline_params, task_scratch_dir
+from sparktune_airflow.core.task_context import task_scratch_dir, templated_bool
 
 
 class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
@@ -37,8 +37,10 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
     :param run_id: (templated) the MLflow run that receives the metrics (the champion's prefixed
         ``champion_``, the paired differences ``vs_champion_``), the result JSONs and confusion
         matrices under ``evaluation/``.
-    :param pipeline_params: (templated) ``trust_remote_code`` (missing or None: False, a model
-        shipping its own code is refused) and ``evaluate_base_model`` (default true).
+    :param trust_remote_code: (templated) load models that ship their own code (default False: such
+        a model is refused).
+    :param evaluate_base_model: (templated) also score the base model the challenger was fine-tuned
+        from (default True).
     :param base_model: (templated) the folder or hub id the challenger was fine-tuned from; None: the
         one its training run records (tag ``sparktune.base_model``).
     """
@@ -48,7 +50,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         "version",
         "dataset_uri",
         "run_id",
-        "pipeline_params",
+        "trust_remote_code",
+        "evaluate_base_model",
         "base_model",
     )
 
@@ -59,7 +62,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         version: str,
         dataset_uri: str,
         run_id: str,
-        pipeline_params: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        evaluate_base_model: bool = True,
         base_model: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -68,7 +72,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         self.version = version
         self.dataset_uri = dataset_uri
         self.run_id = run_id
-        self.pipeline_params = pipeline_params
+        self.trust_remote_code = trust_remote_code
+        self.evaluate_base_model = evaluate_base_model
         self.base_model = base_model
 
     @staticmethod
@@ -91,8 +96,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
 
         client = self.mlflow_hook.get_conn()
         work = task_scratch_dir(context)
-        params = pipeline_params(self.pipeline_params)
-        trust = params.trust_remote_code
+        trust = templated_bool(self.trust_remote_code)
+        evaluate_base_model = templated_bool(self.evaluate_base_model)
         champion_version = alias_version(client, self.model_name, CHAMPION)
         against_champion = champion_version is not None and champion_version != str(self.version)
         challenger_uri = f"models:/{self.model_name}/{self.version}"
@@ -107,8 +112,8 @@ class EvaluateModelOperator(UsesMLflowConnection, BaseOperator):
         command += ["--baseline-output", str(baseline_file)]
         # What fine-tuning added: the base model, scored as the challenger is, after it in the same process.
         base_files: list[Path] = []
-        trained_from = self._trained_from(client) if params.evaluate_base_model else None
-        base_outcome = _base_model_request(params.evaluate_base_model, trained_from, self.run_id)
+        trained_from = self._trained_from(client) if evaluate_base_model else None
+        base_outcome = _base_model_request(evaluate_base_model, trained_from, self.run_id)
         if base_outcome is None:
             base_files = self._files(work, "base_model")
             command += [

@@ -1,60 +1,72 @@
-"""``PromotionGateOperator``: the promotion rules applied to an evaluation; a blocked decision skips
-promotion and the run still ends cleanly."""
+"""``PromotionGateOperator``: the promotion rules applied to an evaluation, as Airflow's
+short-circuit: a blocked decision skips promotion and the run still ends cleanly."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.standard.utils.skipmixin import SkipMixin
-from airflow.sdk import BaseOperator
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk.bases.xcom import BaseXCom
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
-from sparktune_airflow.core.task_context import pipeline_params, skip_downstream
+from sparktune_airflow.core.task_context import typed_params
 
 
-class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
-    """Applies the gate rules; a failed gate skips promotion (the run still ends cleanly).
+class PromotionGateOperator(UsesMLflowConnection, ShortCircuitOperator):
+    """Applies the gate rules; a failed gate skips everything downstream (``ShortCircuitOperator``).
 
     Returns the decision, its reasons, the model name and challenger version, and the champion
-    version it compared against (``make run`` reads it to exit 3 when promotion was blocked).
+    version it compared against (``make run`` reads it to exit 3 when promotion was blocked); each
+    key is an XCom of its own too (``gate.output["champion_version"]``). A blocked decision is
+    pushed as the return value before the skip, so it is the one a person can read.
 
     :param evaluation: (templated) what ``EvaluateModelOperator`` returned.
     :param run_id: (templated) the MLflow run tagged with the decision, mode and reasons.
-    :param pipeline_params: (templated) ``gate_mode``, ``min_accuracy``, ``max_eval_loss``,
-        ``max_regression``, ``max_class_regression``, ``min_margin_over_baseline``,
-        ``allow_label_change``; missing names (or None) take their defaults.
+    :param rules: (templated) :class:`sparktune.core.params.PromotionRules` or a dict of them
+        (``gate_mode``, ``min_accuracy``, ``max_eval_loss``, ``max_regression``,
+        ``max_class_regression``, ``min_margin_over_baseline``, ``allow_label_change``); missing
+        names (or None) take their defaults.
     """
 
-    template_fields: Sequence[str] = ("evaluation", "run_id", "pipeline_params")
+    template_fields: Sequence[str] = (*ShortCircuitOperator.template_fields, "evaluation", "run_id", "rules")
 
-    def __init__(
-        self,
-        *,
-        evaluation: dict[str, Any],
-        run_id: str,
-        pipeline_params: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, *, evaluation: Any, run_id: str, rules: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("multiple_outputs", True)
+        super().__init__(python_callable=PromotionGateOperator.decide, **kwargs)
         self.evaluation = evaluation
         self.run_id = run_id
-        self.pipeline_params = pipeline_params
+        self.rules = rules
+        self._ti: Any = None
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Any) -> Any:
+        self._ti = context.get("ti")
+        return super().execute(context)
+
+    def determine_kwargs(self, context: Any) -> dict[str, Any]:
+        return {}
+
+    def execute_callable(self) -> Any:
+        # The callable is decide, on this task: the copy of it that Airflow rendered the templates
+        # on (a method bound at __init__ would decide on the unrendered XComArgs).
+        return self.decide(self._ti)
+
+    def decide(self, ti: Any = None) -> dict[str, Any] | bool:
+        """The decision's summary when promotion goes on; False (after pushing the summary) when
+        it is blocked, which makes the short-circuit skip the rest."""
+        from sparktune.core.params import PromotionRules
         from sparktune.release.comparison import LabelChange, PairedComparison
         from sparktune.release.gate import decide, gate_rules
 
-        params = pipeline_params(self.pipeline_params)
+        rules = typed_params(PromotionRules, self.rules, "rules")
         evaluation = self.evaluation
         comparison = evaluation.get("comparison")
         # Absent from what an evaluation before these rules returned: the rules then say so and pass.
         change = evaluation.get("label_change")
         decision = decide(
-            gate_rules(params),
+            gate_rules(rules),
             evaluation["challenger"],
             evaluation["champion"],
-            params.gate_mode,
+            rules.gate_mode,
             comparison=PairedComparison.from_summary(comparison) if comparison else None,
             champion_version=evaluation["champion_version"],
             baseline=evaluation.get("baseline"),
@@ -77,9 +89,10 @@ class PromotionGateOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             "challenger_version": evaluation["challenger_version"],
             "champion_version": evaluation["champion_version"],
         }
-        if not decision.promote:
-            # Airflow 3's skip raises to end the task, so this return never happens: push it first,
-            # or a blocked decision (the one worth reading) would be the one missing from XCom.
-            context["ti"].xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=summary)
-            skip_downstream(self, context)
-        return summary
+        if decision.promote:
+            return summary
+        # The skip ends the task before a return value is pushed: push the blocked decision (the one
+        # worth reading) first.
+        if ti is not None:
+            ti.xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=summary)
+        return False

@@ -71,6 +71,7 @@ class RegisterModelOperator(UsesMLflowConnection, ReportsLineage, BaseOperator):
     ) -> None:
         """``run_artifacts``: name -> JSON-able record; ``run_files``: artifact folder -> local files
         (a list, or a dict whose values are the files), e.g. the run's Data Docs pages."""
+        kwargs.setdefault("multiple_outputs", True)  # version is read by the tasks after it
         super().__init__(**kwargs)
         self.run_id = run_id
         self.model_name = model_name

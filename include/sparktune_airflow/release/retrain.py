@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune_airflow.core.links import MLflowModelVersionLink
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
-from sparktune_airflow.core.task_context import config_hash, pipeline_params, skip_downstream
+from sparktune_airflow.core.task_context import skip_downstream, templated_bool
 
 
 class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
@@ -29,10 +29,18 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     :param data_fingerprint: (templated) the run's prepared data fingerprint.
     :param source_uri: (templated) the source to sign, when there is no fingerprint yet; a catalog
         table cannot be signed without Spark, and the run goes on.
-    :param pipeline_params: (templated) the pipeline params; missing names (or None) take their defaults.
+    :param config_hash: (templated) the hash of what the run trains with
+        (``ValidateParamsOperator``'s ``config_hash``, ``sparktune.core.params.config_hash``).
+    :param force_retrain: (templated) train even when nothing changed.
     """
 
-    template_fields: Sequence[str] = ("model_name", "data_fingerprint", "source_uri", "pipeline_params")
+    template_fields: Sequence[str] = (
+        "model_name",
+        "data_fingerprint",
+        "source_uri",
+        "config_hash",
+        "force_retrain",
+    )
     # The champion version the run was compared with: what a skipped run would have trained again.
     operator_extra_links = (MLflowModelVersionLink(),)
 
@@ -42,14 +50,17 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         model_name: str,
         data_fingerprint: str | None = None,
         source_uri: str | None = None,
-        pipeline_params: dict[str, Any] | None = None,
+        config_hash: str,
+        force_retrain: bool = False,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # source_signature is read by the register task
         super().__init__(**kwargs)
         self.model_name = model_name
         self.data_fingerprint = data_fingerprint
         self.source_uri = source_uri
-        self.pipeline_params = pipeline_params
+        self.config_hash = config_hash
+        self.force_retrain = force_retrain
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.core.provenance import code_fingerprint
@@ -57,7 +68,6 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         from sparktune.release.registry import CHAMPION, alias_version
         from sparktune.release.retrain import retrain_decision
 
-        params = pipeline_params(self.pipeline_params)
         fingerprint = str(self.data_fingerprint or "").strip() or None
         signature = None
         if fingerprint is None:
@@ -72,9 +82,9 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             champion_tags=tags,
             data_fingerprint=fingerprint,
             source_signature=signature,
-            config_hash=config_hash(params),
+            config_hash=str(self.config_hash),
             code_fingerprint=code_fingerprint(),
-            force=params.force_retrain,
+            force=templated_bool(self.force_retrain),
         )
         self.log.info("%s: %s", "training" if decision.train else "skipping training", decision.reason)
         if not decision.train:

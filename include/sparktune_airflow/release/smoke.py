@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune_airflow.core.domain_cli import raise_for_exit_code, run_module
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
-from sparktune_airflow.core.task_context import pipeline_params, task_scratch_dir
+from sparktune_airflow.core.task_context import task_scratch_dir, templated_bool
 
 
 class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
@@ -28,11 +28,19 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
     :param run_id: (templated) the MLflow run that receives the latency metrics.
     :param alias: the alias loaded, as a user would load it (default ``staging``).
     :param rows: how many rows are predicted, one by one and as a batch (default 16).
-    :param pipeline_params: (templated) ``smoke_max_invalid_rate`` and ``trust_remote_code``; missing
-        names (or None) take their defaults.
+    :param max_invalid_rate: (templated) the share of rows whose answer may be no label or differ
+        between the row alone and in a batch (default 0: none may).
+    :param trust_remote_code: (templated) load a model that ships its own code (default False).
     """
 
-    template_fields: Sequence[str] = ("model_name", "version", "dataset_uri", "run_id", "pipeline_params")
+    template_fields: Sequence[str] = (
+        "model_name",
+        "version",
+        "dataset_uri",
+        "run_id",
+        "max_invalid_rate",
+        "trust_remote_code",
+    )
 
     def __init__(
         self,
@@ -43,7 +51,8 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
         run_id: str,
         alias: str = "staging",
         rows: int = 16,
-        pipeline_params: dict[str, Any] | None = None,
+        max_invalid_rate: float = 0.0,
+        trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -53,7 +62,8 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
         self.run_id = run_id
         self.alias = alias
         self.rows = rows
-        self.pipeline_params = pipeline_params
+        self.max_invalid_rate = max_invalid_rate
+        self.trust_remote_code = trust_remote_code
 
     def execute(self, context: Any) -> dict[str, Any]:
         from sparktune.release.registry import alias_version
@@ -67,12 +77,12 @@ class SmokeTestOperator(UsesMLflowConnection, BaseOperator):
             )
         output = task_scratch_dir(context) / "smoke.json"
         model_uri = f"models:/{self.model_name}@{self.alias}"
-        params = pipeline_params(self.pipeline_params)
+        trust = templated_bool(self.trust_remote_code)
         result = run_module(
             "sparktune.jobs.smoke_test",
             *("--model-uri", model_uri, "--dataset-path", self.dataset_uri, "--rows", str(self.rows)),
-            *("--max-invalid-rate", str(params.smoke_max_invalid_rate), "--output", str(output)),
-            *("--trust-remote-code", "true" if params.trust_remote_code else "false"),
+            *("--max-invalid-rate", str(float(self.max_invalid_rate)), "--output", str(output)),
+            *("--trust-remote-code", "true" if trust else "false"),
             env=self.mlflow_hook.process_env(),
         )
         raise_for_exit_code(f"smoke test of {model_uri}", result.exit_code, result.output)

@@ -11,10 +11,10 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_pyspark import PySparkOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.core.config import settings
-from sparktune.core.params import PipelineParams
+from sparktune.core.params import DataSource
 from sparktune_airflow.core.mlflow import MLflowHook, UsesMLflowConnection
 from sparktune_airflow.core.spark_jobs import session_jvm_conf
-from sparktune_airflow.core.task_context import check_allowed_location, pipeline_params
+from sparktune_airflow.core.task_context import check_allowed_location, typed_params
 
 
 def _record_corrections(
@@ -137,7 +137,7 @@ class RecordCorrectionsOperator(UsesMLflowConnection, PySparkOperator):
         return super().execute(context)
 
 
-def _merge_feedback(typed_params: PipelineParams, spark: Any = None) -> dict[str, Any]:
+def _merge_feedback(typed_params: DataSource, spark: Any = None) -> dict[str, Any]:
     from sparktune.data.prepare_errors import DataPreparationError
     from sparktune.data.prepare_source import load_source
     from sparktune.serve.feedback import FeedbackError, merge_feedback
@@ -187,26 +187,27 @@ class MergeFeedbackOperator(PySparkOperator):
     the source itself. Returns ``source_uri``, ``source_format``, ``labels_changed``,
     ``added_rows`` and ``overrides_uri`` (the relabelled rows) for the tasks after it.
 
-    :param pipeline_params: (templated) the pipeline params; missing names (or None) take their defaults.
+    :param source: (templated) the source and its columns (:class:`sparktune.core.params.DataSource`
+        or a dict of its fields, ``merge_feedback`` among them); missing names (or None) take their
+        defaults.
     :param conn_id: the Spark connection (default ``spark_default``).
     """
 
-    template_fields: Sequence[str] = (*PySparkOperator.template_fields, "pipeline_params")
+    template_fields: Sequence[str] = (*PySparkOperator.template_fields, "source")
 
-    def __init__(
-        self, *, pipeline_params: dict[str, Any] | None = None, conn_id: str = "spark_default", **kwargs: Any
-    ) -> None:
+    def __init__(self, *, source: Any = None, conn_id: str = "spark_default", **kwargs: Any) -> None:
+        kwargs.setdefault("multiple_outputs", True)  # source_uri, source_format, overrides_uri
         super().__init__(
             python_callable=_merge_feedback,
             conn_id=conn_id,
             **kwargs,
         )
-        self.pipeline_params = pipeline_params
+        self.source = source
 
     def execute(self, context: Any) -> Any:
         from sparktune.serve.feedback import MergeResult, corrections_present
 
-        params = pipeline_params(self.pipeline_params)
+        params = typed_params(DataSource, self.source, "source")
         feedback_uri = settings().feedback_uri
         if params.merge_feedback and corrections_present(feedback_uri):
             from sparktune.data.spark_jvm import input_bytes
