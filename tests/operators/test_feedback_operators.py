@@ -55,7 +55,6 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
     from sparktune.core.provenance import code_fingerprint
     from sparktune_airflow import SkipUnchangedOperator
     from sparktune_airflow.core.links import model_version_url
-    from sparktune_airflow.release import retrain
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -67,22 +66,25 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
         "code_fingerprint": code_fingerprint(),
     }).version  # fmt: skip
     client.set_registered_model_alias("intent", "champion", version)
-    skipped = []
-    monkeypatch.setattr(retrain, "skip_downstream", lambda op, ctx: skipped.append(op.task_id))
 
-    def run(fingerprint: str) -> dict:
+    def decide(fingerprint: str) -> tuple[dict | bool, SimpleNamespace]:
         operator = SkipUnchangedOperator(
             task_id="skip_unchanged",
             model_name="intent",
             data_fingerprint=fingerprint,
             config_hash=config_hash(parse_params(params)),
         )
-        return operator.execute({"params": params})
+        pushed: dict = {}
+        ti = SimpleNamespace(pushed=pushed, xcom_push=lambda key, value: pushed.update({key: value}))
+        return operator.decide(ti), ti
 
-    same = run("fp1")
-    assert skipped == ["skip_unchanged"] and not same["train"]
+    # The short-circuit's condition: False skips the rest, the reason pushed first for make run.
+    condition, ti = decide("fp1")
+    same = ti.pushed["return_value"]
+    assert condition is False and not same["train"]
     assert model_version_url(same, "http://mlflow") == f"http://mlflow/#/models/intent/versions/{version}"
-    assert run("fp2")["train"] and skipped == ["skip_unchanged"]  # new data: trains, skips nothing
+    condition, ti = decide("fp2")  # new data: trains, skips nothing
+    assert condition["train"] and not ti.pushed
 
 
 def test_corrections_are_recorded_as_by_the_user_who_triggered_the_run(tmp_path, monkeypatch):

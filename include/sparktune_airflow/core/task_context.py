@@ -1,6 +1,5 @@
-"""What an operator's ``execute`` reads from its task and the deployment: the typed params and
-their hash, templated booleans, the allowed roots, a per-try scratch folder,
-the audit actor, and skipping the rest of the run."""
+"""What an operator's ``execute`` reads from its task and the deployment: its typed params,
+templated booleans, the allowed roots, a per-try scratch folder and the audit actor."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.standard.utils.skipmixin import SkipMixin
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune.core.config import settings
 from sparktune.core.params import G, InvalidParamsError, validated
@@ -72,12 +70,6 @@ def task_scratch_dir(context: Any) -> Path:
     path = settings().home / "runs" / ti.dag_id / path_segment(ti.run_id) / ti.task_id / str(ti.try_number)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def skip_downstream(operator: SkipMixin, context: Any) -> None:
-    """Skip every task after this one (teardowns still run): the run ends cleanly, not failed."""
-    downstream = [t for t in context["task"].get_flat_relatives(upstream=False) if not t.is_teardown]
-    operator.skip(ti=context["ti"], tasks=downstream)
 
 
 def audit_actor(context: Any) -> str:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.standard.operators.python import ShortCircuitOperator
-from airflow.sdk.bases.xcom import BaseXCom
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
+from sparktune_airflow.core.short_circuit import DecidingShortCircuit
 from sparktune_airflow.core.task_context import typed_params
 
 
-class PromotionGateOperator(UsesMLflowConnection, ShortCircuitOperator):
+class PromotionGateOperator(UsesMLflowConnection, DecidingShortCircuit):
     """Applies the gate rules; a failed gate skips everything downstream (``ShortCircuitOperator``).
 
     Returns the decision, its reasons, the model name and challenger version, and the champion
@@ -28,27 +27,14 @@ class PromotionGateOperator(UsesMLflowConnection, ShortCircuitOperator):
         names (or None) take their defaults.
     """
 
-    template_fields: Sequence[str] = (*ShortCircuitOperator.template_fields, "evaluation", "run_id", "rules")
+    template_fields: Sequence[str] = (*DecidingShortCircuit.template_fields, "evaluation", "run_id", "rules")
 
     def __init__(self, *, evaluation: Any, run_id: str, rules: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("multiple_outputs", True)
-        super().__init__(python_callable=PromotionGateOperator.decide, **kwargs)
+        super().__init__(**kwargs)
         self.evaluation = evaluation
         self.run_id = run_id
         self.rules = rules
-        self._ti: Any = None
-
-    def execute(self, context: Any) -> Any:
-        self._ti = context.get("ti")
-        return super().execute(context)
-
-    def determine_kwargs(self, context: Any) -> dict[str, Any]:
-        return {}
-
-    def execute_callable(self) -> Any:
-        # The callable is decide, on this task: the copy of it that Airflow rendered the templates
-        # on (a method bound at __init__ would decide on the unrendered XComArgs).
-        return self.decide(self._ti)
 
     def decide(self, ti: Any = None) -> dict[str, Any] | bool:
         """The decision's summary when promotion goes on; False (after pushing the summary) when
@@ -89,10 +75,4 @@ class PromotionGateOperator(UsesMLflowConnection, ShortCircuitOperator):
             "challenger_version": evaluation["challenger_version"],
             "champion_version": evaluation["champion_version"],
         }
-        if decision.promote:
-            return summary
-        # The skip ends the task before a return value is pushed: push the blocked decision (the one
-        # worth reading) first.
-        if ti is not None:
-            ti.xcom_push(key=BaseXCom.XCOM_RETURN_KEY, value=summary)
-        return False
+        return summary if decision.promote else self.stop(ti, summary)

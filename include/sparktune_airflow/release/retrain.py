@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.providers.standard.utils.skipmixin import SkipMixin
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from sparktune_airflow.core.links import MLflowModelVersionLink
 from sparktune_airflow.core.mlflow import UsesMLflowConnection
-from sparktune_airflow.core.task_context import skip_downstream, templated_bool
+from sparktune_airflow.core.short_circuit import DecidingShortCircuit
+from sparktune_airflow.core.task_context import templated_bool
 
 
-class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
+class SkipUnchangedOperator(UsesMLflowConnection, DecidingShortCircuit):
     """Skips everything downstream when the run would train the current champion again.
 
     Compares the run's data, config hash and code fingerprint with the champion version's tags;
@@ -35,6 +34,7 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
     """
 
     template_fields: Sequence[str] = (
+        *DecidingShortCircuit.template_fields,
         "model_name",
         "data_fingerprint",
         "source_uri",
@@ -62,7 +62,8 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
         self.config_hash = config_hash
         self.force_retrain = force_retrain
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def decide(self, ti: Any = None) -> dict[str, Any] | bool:
+        """What changed (the run goes on), or False after pushing why nothing did (the rest is skipped)."""
         from sparktune.core.provenance import code_fingerprint
         from sparktune.data.fingerprint import source_signature
         from sparktune.release.registry import CHAMPION, alias_version
@@ -87,7 +88,7 @@ class SkipUnchangedOperator(UsesMLflowConnection, BaseOperator, SkipMixin):
             force=templated_bool(self.force_retrain),
         )
         self.log.info("%s: %s", "training" if decision.train else "skipping training", decision.reason)
-        if not decision.train:
-            skip_downstream(self, context)
         summary = {**decision.to_summary(), "model_name": str(self.model_name), "version": champion}
-        return {**summary, "source_signature": signature} if fingerprint is None else summary
+        if fingerprint is None:
+            summary["source_signature"] = signature
+        return summary if decision.train else self.stop(ti, summary)
