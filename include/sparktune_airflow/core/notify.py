@@ -1,5 +1,6 @@
-"""Tell the team: one Airflow notifier for every sparktune event, sent by e-mail and to a webhook,
-each configured by an Airflow connection, not by code.
+"""Tell the team: one Airflow notifier for every sparktune event, sent by e-mail and to a webhook
+through the SMTP and HTTP providers' own notifiers, each configured by an Airflow connection, not
+by code.
 
 - E-mail: the SMTP connection ``sparktune_smtp`` (the SMTP provider's type: host, port, login,
   password, extra ``from_email``), recipients in its extra ``to`` (comma-separated).
@@ -47,7 +48,7 @@ def _connection(conn_id: str):
 
 
 def _send_email(conn_id: str, connection: Any, notification: Notification) -> None:
-    from airflow.providers.smtp.hooks.smtp import SmtpHook
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
     to = [
         address.strip()
@@ -58,21 +59,23 @@ def _send_email(conn_id: str, connection: Any, notification: Notification) -> No
         raise ValueError(
             f'connection {conn_id!r} has no recipients: add "to": "a@example.com,b@example.com" to its extra'
         )
-    with SmtpHook(smtp_conn_id=conn_id) as smtp:
-        smtp.send_email_smtp(
-            to=to,
-            subject=notification.subject,
-            html_content=f"<pre>{html.escape(notification.text())}</pre>",
-            custom_headers={"X-Sparktune-Event": notification.event},
-        )
+    # The providers' notifiers send: the sender address comes from the connection as the SMTP
+    # provider reads it (extra from_email), the POST goes through the HTTP provider's hook.
+    SmtpNotifier(
+        to=to,
+        subject=notification.subject,
+        html_content=f"<pre>{html.escape(notification.text())}</pre>",
+        custom_headers={"X-Sparktune-Event": notification.event},
+        smtp_conn_id=conn_id,
+    ).notify({})
 
 
 def _post_webhook(conn_id: str, notification: Notification) -> None:
-    from airflow.providers.http.hooks.http import HttpHook
+    from airflow.providers.http.notifications.http import HttpNotifier
 
-    HttpHook(method="POST", http_conn_id=conn_id).run(
-        endpoint=None, json=notification.payload(), extra_options={"timeout": 10}
-    )
+    HttpNotifier(
+        http_conn_id=conn_id, method="POST", json=notification.payload(), extra_options={"timeout": 10}
+    ).notify({})
 
 
 def send(notification: Notification) -> list[str]:
