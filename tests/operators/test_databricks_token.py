@@ -151,9 +151,10 @@ def test_the_planted_databricks_token_leaks_nowhere(probe_run):
     seen.update(_texts(api.workdir))  # the fake workspace: the job's driver log
     xcoms = _airflow_db(home, f"select task_id, key, value from xcom where dag_id = '{DAG_ID}'")
     for task_id, key, value in xcoms:
-        seen[f"xcom {task_id} {key}"] = (
-            value if isinstance(value, str) else bytes(value).decode(errors="replace")
-        )
+        # Text, bytes, or a number (each key of a multiple_outputs result is a row of its own).
+        if isinstance(value, bytes | bytearray | memoryview):
+            value = bytes(value).decode(errors="replace")
+        seen[f"xcom {task_id} {key}"] = str(value)
     rendered = _airflow_db(
         home, f"select task_id, rendered_fields from rendered_task_instance_fields where dag_id = '{DAG_ID}'"
     )
