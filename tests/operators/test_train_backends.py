@@ -152,14 +152,8 @@ def test_local_backend_trains_streams_the_log_and_a_retry_reuses_the_run(workspa
         _context(_params(), run_id="local-1", try_number=2)
     )
     assert again["reused"] and again["mlflow_run_id"] == result["mlflow_run_id"]
-    runs = _runs_of(f"tags.`sparktune.train_key` = '{operator._train_key(context, _parse(_params()))}'")
+    runs = _runs_of(f"tags.`sparktune.train_key` = '{operator._train_key(context, operator._params())}'")
     assert len(runs) == 1
-
-
-def _parse(params):
-    from sparktune.core.params import parse_params
-
-    return parse_params(params)
 
 
 def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(workspace, capsys):
@@ -168,11 +162,11 @@ def test_a_retry_reattaches_to_the_live_process_instead_of_starting_another(work
     params = _params(max_steps=60)
     first = _operator(workspace, pipeline_params=params)
     context = _context(params, run_id="reattach-1")
-    request = first._request(context, _parse(params))
+    request = first._request(context, first._params())
     work = Path(request["output_dir"])
     # The first attempt's process, left running as if its task runner had died after keeping it in
     # the task state store.
-    command = first._process_command(request, _parse(params), work)
+    command = first._process_command(request, first._params(), work)
     orphan, submission = training_process.start(command, dict(os.environ), work, "local")
     context["task_state_store"].set("sparktune_training", submission.to_json())
 
@@ -195,7 +189,7 @@ def test_a_retry_on_another_host_refuses_to_train_a_second_time_until_the_first_
     params = _params(max_steps=10, checkpoint_steps=10)
     operator = _operator(workspace, pipeline_params=params)
     context = _context(params, run_id="other-host-1")
-    request = operator._request(context, _parse(params))
+    request = operator._request(context, operator._params())
     work = Path(request["output_dir"])
     # What the first try kept on the worker "gpu-worker-2" before its task runner died there.
     elsewhere = training_process.Submission(
