@@ -135,8 +135,8 @@ def rules_key(params: PipelineParams) -> str:
 
 def _every_column_params() -> PipelineParams:
     """Defaults with every optional column named, so every rule there can be is built."""
-    # Built from unchecked defaults, not parse_params: params validation may call this.
-    return PipelineParams(
+    # Built from unchecked defaults (model_construct), not validated: params validation may call this.
+    return PipelineParams.model_construct(
         **{**default_params(), "quality_column": "q", "id_column": "id", "timestamp_column": "ts"}
     )
 
