@@ -106,11 +106,12 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         from sparktune.data.prepare_source import resolve_source_uri
 
         # The job's functions read these three sections only.
-        params = combined(
+        sections = (
             typed_params(DataSource, self.source, "source"),
             typed_params(PreparationRecipe, self.preparation, "preparation"),
             typed_params(QualityRules, self.quality, "quality"),
         )
+        params = combined(*sections)
         try:
             source_uri = self.source_uri or resolve_source_uri(params)
         except DataPreparationError as exc:
@@ -122,7 +123,8 @@ class PrepareDataOperator(ReportsLineage, SparkSubmitOperator):
         self.application = self.application or job_path("prepare_data")
         summary_path = task_scratch_dir(context) / "prepare_summary.json"
         summary_path.unlink(missing_ok=True)
-        job_params = {**params.to_dict(), "source_uri": source_uri}
+        # The job is sent the three sections it reads, not defaults of the others.
+        job_params = {k: v for s in sections for k, v in s.to_dict().items()} | {"source_uri": source_uri}
         if self.source_format:
             job_params["source_format"] = self.source_format
         self.application_args = [
