@@ -77,13 +77,14 @@ class Served:
 
 
 @contextlib.contextmanager
-def running_server(config) -> Iterator[Served]:
-    """``create_app(config)`` under uvicorn in a thread, on a socket bound before it starts (no port
-    race); stopped as uvicorn stops on SIGTERM (graceful: its lifespan flushes the capture)."""
+def running_server(config, watcher=None) -> Iterator[Served]:
+    """``create_app(config, watcher=watcher)`` under uvicorn in a thread, on a socket bound before it
+    starts (no port race); stopped as uvicorn stops on SIGTERM (graceful: its lifespan flushes the
+    capture)."""
     import uvicorn
     from sparktune.serve.app import create_app
 
-    app = create_app(config)
+    app = create_app(config, watcher=watcher)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -7,7 +7,13 @@ import threading
 import time
 
 import pytest
-from sparktune.serve.batching import BatcherStopped, MicroBatcher, length_groups, predict_in_length_groups
+from sparktune.serve.batching import (
+    BatcherStopped,
+    MicroBatcher,
+    QueueFull,
+    length_groups,
+    predict_in_length_groups,
+)
 from sparktune.serve.champion import Scored
 
 
@@ -162,3 +168,79 @@ def test_an_idle_runner_waits_only_for_as_many_requests_as_recent_batches_held()
     assert lone < 0.5, "a lone request waited for company"
     assert [len(b) for b in model.batches] == [1, 4, 4]  # the staggered four: one batch, as the burst
     assert in_step < 0.9, "the batch waited out max_wait_s after its 4th request arrived"
+
+
+def test_a_full_queue_refuses_the_next_request_at_once_and_answers_those_it_holds():
+    gate, entered = threading.Event(), threading.Event()
+
+    def blocked(texts: list[str]) -> Scored:
+        entered.set()
+        assert gate.wait(10), "the test never opened the gate"
+        return Scored("m", "7", [t.upper() for t in texts], [0.5] * len(texts))
+
+    async def scenario():
+        batcher = MicroBatcher(blocked, max_batch_rows=1, max_wait_s=0.0, max_queued_requests=2)
+        await batcher.start()
+        try:
+            first = asyncio.create_task(batcher.submit(["first"]))
+            while not entered.is_set():  # "first" is being predicted: out of the queue
+                await asyncio.sleep(0.005)
+            held = [asyncio.create_task(batcher.submit([name])) for name in ("second", "third")]
+            await asyncio.sleep(0.02)
+            assert batcher.queued_requests == 2
+            began = time.perf_counter()
+            with pytest.raises(QueueFull) as refused:
+                await batcher.submit(["fourth"])
+            waited = time.perf_counter() - began
+            assert batcher.queued_requests == 2  # the refused one never entered the queue
+            gate.set()
+            answers = await asyncio.gather(first, *held)
+            after = await batcher.submit(["fifth"])  # room again once the queue drained
+            return refused.value, waited, answers, after, batcher.stats
+        finally:
+            gate.set()
+            await batcher.stop()
+
+    refused, waited, answers, after, stats = asyncio.run(scenario())
+    assert waited < 0.5, "a full queue made the refused request wait"
+    assert (refused.waiting, refused.limit) == (2, 2) and refused.retry_after_s >= 1
+    assert "2 requests are waiting" in str(refused)
+    assert [a.predictions for a in answers] == [["FIRST"], ["SECOND"], ["THIRD"]]
+    assert after.predictions == ["FIFTH"]
+    assert stats.rejected_requests == 1 and stats.requests == 4
+    assert stats.to_summary()["rejected_requests"] == 1
+
+
+def test_the_retry_hint_is_the_time_the_waiting_batches_take_at_the_recent_pace():
+    gate = threading.Event()
+    calls: list[list[str]] = []
+
+    def paced(texts: list[str]) -> Scored:
+        calls.append(texts)
+        if len(calls) == 1:
+            time.sleep(0.4)  # the pace: 0.4 s a batch
+        else:
+            assert gate.wait(10), "the test never opened the gate"
+        return Scored("m", "7", list(texts), [0.5] * len(texts))
+
+    async def scenario():
+        batcher = MicroBatcher(paced, max_batch_rows=2, max_wait_s=0.0, max_queued_requests=8)
+        await batcher.start()
+        try:
+            assert batcher.retry_after_s() == 1  # nothing predicted yet: no pace to go by
+            await batcher.submit(["a", "b"])  # one batch, two texts per request
+            busy = asyncio.create_task(batcher.submit(["c", "d"]))  # held in predict by the gate
+            await asyncio.sleep(0.05)
+            waiting = [asyncio.create_task(batcher.submit([f"{i}a", f"{i}b"])) for i in range(5)]
+            await asyncio.sleep(0.02)
+            hint = batcher.retry_after_s()
+            gate.set()
+            await asyncio.gather(busy, *waiting)
+            return hint
+        finally:
+            gate.set()
+            await batcher.stop()
+
+    # 5 waiting requests of 2 texts: 5 batches of 2, plus the one being predicted, at about 0.4 s
+    # each: 2.4 s, rounded up (a slower clock on a busy machine: 4).
+    assert asyncio.run(scenario()) in (3, 4)

@@ -22,9 +22,11 @@ def test_variables_override_defaults_and_bad_values_name_their_variable():
             "SPARKTUNE_SERVING_MAX_WAIT_MS": "0.5",
             "SPARKTUNE_SERVING_CAPTURE": "off",
             "SPARKTUNE_SERVING_MODEL_NAME": "tickets",
+            "SPARKTUNE_SERVING_MAX_QUEUED_REQUESTS": "16",
             "SPARKTUNE_SERVING_TRACKING_URI": "  ",  # blank: the default
         }
     )
+    assert config.max_queued_requests == 16 and ServingSettings().max_queued_requests == 256
     assert (config.port, config.max_wait_ms, config.capture, config.model_name) == (
         6001,
         0.5,
@@ -36,8 +38,9 @@ def test_variables_override_defaults_and_bad_values_name_their_variable():
     with pytest.raises(ServingSettingsError, match="SPARKTUNE_SERVING_PORT='http' is not a valid int"):
         settings_from_env({"SPARKTUNE_SERVING_PORT": "http"})
     with pytest.raises(ServingSettingsError) as info:
-        ServingSettings(max_batch_rows=0, port=70000, alias=" ")
+        ServingSettings(max_batch_rows=0, port=70000, alias=" ", max_queued_requests=0)
     message = str(info.value)
+    assert "max_queued_requests (SPARKTUNE_SERVING_MAX_QUEUED_REQUESTS) must be > 0" in message
     assert "max_batch_rows (SPARKTUNE_SERVING_MAX_BATCH_ROWS) must be > 0" in message
     assert "port (SPARKTUNE_SERVING_PORT) must be 1-65535" in message and "alias" in message
 

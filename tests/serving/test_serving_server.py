@@ -232,6 +232,83 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_answers(registr
     assert stats.largest_batch_rows > 3
 
 
+def test_a_full_queue_is_a_503_with_retry_after_and_the_queued_requests_are_answered(
+    registry, serving_config, tmp_path
+):
+    """A model held in predict by a gate: one request being predicted, two waiting (the most the
+    queue holds), and the next gets a 503 at once with Retry-After, a body saying why and what to
+    do, and nothing captured; once the model goes on, the three are answered."""
+    from sparktune.serve.champion import ChampionWatcher, load_version
+
+    name = registry.register("serving-queue-full")
+    gate, entered = threading.Event(), threading.Event()
+
+    class Gated:
+        def __init__(self, model) -> None:
+            self.model = model
+
+        def predict(self, frame):
+            entered.set()
+            assert gate.wait(30), "the test never opened the gate"
+            return self.model.predict(frame)
+
+    config = serving_config(name, max_batch_rows=1, max_wait_ms=0, max_queued_requests=2)
+    watcher = ChampionWatcher(
+        name,
+        "champion",
+        registry.tracking_uri,
+        tmp_path / "downloads",
+        loader=lambda *args: Gated(load_version(*args)),
+    )
+
+    async def until(condition) -> None:
+        deadline = time.monotonic() + 10
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    async def overload(url: str, batcher):
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            def post(text: str):
+                return client.post(f"{url}/invocations", json={"inputs": [text]})
+
+            first = asyncio.create_task(post(TEXTS[0]))
+            await until(entered.is_set)
+            waiting = [asyncio.create_task(post(text)) for text in TEXTS[1:3]]
+            await until(lambda: batcher.queued_requests == 2)
+            began = time.perf_counter()
+            refused = await post(TEXTS[3])
+            refused_after = time.perf_counter() - began
+            health = (await client.get(f"{url}/health")).json()
+            gate.set()
+            return refused, refused_after, health, await asyncio.gather(first, *waiting)
+
+    try:
+        with running_server(config, watcher) as served:
+            served.wait_ready()
+            refused, refused_after, health, answered = asyncio.run(
+                overload(served.url, served.app.state.batcher)
+            )
+    finally:
+        gate.set()
+    assert refused.status_code == 503 and refused_after < 2
+    assert int(refused.headers["Retry-After"]) >= 1
+    body = refused.json()
+    assert body["error_code"] == "RESOURCE_EXHAUSTED"
+    assert body["retry_after_seconds"] == int(refused.headers["Retry-After"])
+    assert "2 requests are already waiting" in body["message"]
+    assert "SPARKTUNE_SERVING_MAX_QUEUED_REQUESTS=2" in body["message"]
+    assert f"Send it again after {body['retry_after_seconds']} s" in body["message"]
+    assert refused.headers["X-Request-ID"]
+    assert health["batching"]["rejected_requests"] == 1
+    assert (health["batching"]["queued_requests"], health["batching"]["max_queued_requests"]) == (2, 2)
+    for text, response in zip(TEXTS[:3], answered, strict=True):
+        _check_answer(response, [text])
+    captured = _rows_captured(tmp_path / "captures")
+    assert sorted(r["text"] for r in captured) == sorted(TEXTS[:3])  # the refused text was not
+
+
 def test_captures_land_in_the_lake_as_dated_parquet_with_every_answered_text(
     registry, serving_config, tmp_path
 ):

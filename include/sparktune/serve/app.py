@@ -7,6 +7,8 @@ Endpoints (those of ``mlflow models serve``, plus one for the pipeline):
   "request_id"}``, one object per text, in order; ``id`` (``<request_id>:<row>``) is what a
   reviewer corrects the answer by (``record_corrections`` reads the capture table). A client's
   mistake is a 4xx saying what to send; no model to answer with is a 503 saying how to get one.
+  When ``max_queued_requests`` requests already wait for the model, the next is a 503 at once with
+  ``Retry-After`` (seconds) and a body saying why and what to do: the queue never grows past it.
 - ``GET /ping``, ``GET /health``: 200 once a model is loaded, else 503 with the reason (a
   readiness probe); ``/health`` also reports the batching and capture counters.
 - ``GET /version``: the MLflow version, as MLflow's server answers.
@@ -29,7 +31,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from sparktune.serve.batching import BatcherStopped, MicroBatcher, predict_in_length_groups
+from sparktune.serve.batching import BatcherStopped, MicroBatcher, QueueFull, predict_in_length_groups
 from sparktune.serve.capture import CaptureWriter
 from sparktune.serve.champion import ChampionWatcher, NoModelError
 from sparktune.serve.feedback import captured_row_id
@@ -41,7 +43,7 @@ from sparktune.serve.protocol import (
     parse_texts,
     predictions_body,
 )
-from sparktune.serve.settings import ServingSettings
+from sparktune.serve.settings import ServingSettings, env_name
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,21 @@ def _json(status: int, payload: dict[str, Any], headers: dict[str, str] | None =
 def _error(status: int, error_code: str, message: str, request_id: str | None = None) -> Response:
     headers = {REQUEST_ID_HEADER: request_id} if request_id else None
     return Response(error_body(error_code, message), status_code=status, media_type=JSON, headers=headers)
+
+
+def _queue_full(exc: QueueFull, request_id: str) -> Response:
+    """503 with ``Retry-After``: the model is behind, this request was not queued (nor captured)."""
+    message = (
+        f"The server is at capacity: {exc.waiting} requests are already waiting for the model, the most "
+        f"it queues ({env_name('max_queued_requests')}={exc.limit}). This request was not queued. Send it "
+        f"again after {exc.retry_after_s} s (Retry-After), send fewer requests at once (several texts in "
+        "one request are scored together), or add a replica behind the load balancer."
+    )
+    return _json(
+        503,
+        {"error_code": "RESOURCE_EXHAUSTED", "message": message, "retry_after_seconds": exc.retry_after_s},
+        headers={"Retry-After": str(exc.retry_after_s), REQUEST_ID_HEADER: request_id},
+    )
 
 
 async def _read_body(request: Request, limits: RequestLimits) -> bytes:
@@ -104,6 +121,7 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
         ),
         max_batch_rows=config.max_batch_rows,
         max_wait_s=config.max_wait_ms / 1000,
+        max_queued_requests=config.max_queued_requests,
     )
     capture = (
         CaptureWriter(
@@ -181,7 +199,11 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
                 "load_seconds": round(model.load_seconds, 3),
                 "last_checked_at": watcher.last_checked_at.isoformat() if watcher.last_checked_at else None,
                 "last_error": watcher.last_error,
-                "batching": batcher.stats.to_summary(),
+                "batching": {
+                    **batcher.stats.to_summary(),
+                    "queued_requests": batcher.queued_requests,
+                    "max_queued_requests": batcher.max_queued_requests,
+                },
                 "capture": capture.stats.to_summary() if capture else None,
             },
         )
@@ -230,6 +252,8 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
             return _error(503, "TEMPORARILY_UNAVAILABLE", watcher.unavailable_message(), request_id)
         try:
             scored = await batcher.submit(texts)
+        except QueueFull as exc:
+            return _queue_full(exc, request_id)
         except (NoModelError, BatcherStopped) as exc:
             return _error(503, "TEMPORARILY_UNAVAILABLE", str(exc), request_id)
         except Exception as exc:  # the model failed: the server's fault, never the client's

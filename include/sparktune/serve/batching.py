@@ -13,6 +13,12 @@ caller gets its own slice of the answers back through a future.
 One batch is predicted at a time: the model's own threads (torch intra-op) use the cores, and a
 second concurrent call would only compete with them for the cores (and for the GIL).
 
+The queue is bounded (``max_queued_requests``): when that many requests already wait for a batch,
+:meth:`MicroBatcher.submit` refuses the next one at once with :class:`QueueFull`, which carries how
+long the waiting requests should take to be answered (the server's ``Retry-After``). Past the
+model's rate, waiting longer only makes every answer later; a client told to come back can go to
+another replica or back off, and the server's memory and latency stay bounded.
+
 A model that pads a batch to its longest text pays for the padding: one pasted 5,000-character log
 among seven short messages made the project's label pyfunc take 2.7 s instead of 0.26 s for the
 same eight texts apart. :func:`predict_in_length_groups` therefore splits a batch into groups of
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +49,8 @@ class BatchStats:
     requests: int = 0
     largest_batch_rows: int = 0
     failed_batches: int = 0
+    # Refused with QueueFull: the queue held max_queued_requests already.
+    rejected_requests: int = 0
 
     def to_summary(self) -> dict[str, float]:
         return {
@@ -50,6 +59,7 @@ class BatchStats:
             "requests": self.requests,
             "largest_batch_rows": self.largest_batch_rows,
             "failed_batches": self.failed_batches,
+            "rejected_requests": self.rejected_requests,
             "mean_batch_rows": round(self.rows / self.batches, 2) if self.batches else 0.0,
         }
 
@@ -107,6 +117,18 @@ class BatcherStopped(RuntimeError):
     """The server is shutting down and no longer predicts."""
 
 
+class QueueFull(RuntimeError):
+    """``limit`` requests already wait for a batch: this one was refused without waiting.
+
+    ``retry_after_s`` is how long those waiting should take to be answered (whole seconds, at least
+    1), from the recent batches' predict time.
+    """
+
+    def __init__(self, waiting: int, limit: int, retry_after_s: int) -> None:
+        super().__init__(f"{waiting} requests are waiting for the model, the most the queue holds ({limit})")
+        self.waiting, self.limit, self.retry_after_s = waiting, limit, retry_after_s
+
+
 class MicroBatcher:
     """Groups :meth:`submit` calls into ``predict`` calls of at most ``max_batch_rows`` texts.
 
@@ -119,10 +141,14 @@ class MicroBatcher:
         *,
         max_batch_rows: int = 64,
         max_wait_s: float = 0.003,
+        max_queued_requests: int = 256,
     ) -> None:
+        if max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1, got {max_queued_requests}")
         self._predict = predict
         self.max_batch_rows = max_batch_rows
         self.max_wait_s = max_wait_s
+        self.max_queued_requests = max_queued_requests
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Pending] | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -131,9 +157,10 @@ class MicroBatcher:
         self._batch: list[_Pending] = []  # being collected or predicted
         self._accepting = False
         self._recent_batch_requests: deque[int] = deque(maxlen=RECENT_BATCHES)
+        self._recent_batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.Queue(maxsize=self.max_queued_requests)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparktune-predict")
         self._runner = asyncio.create_task(self._run(), name="sparktune-micro-batcher")
         self._accepting = True
@@ -172,8 +199,27 @@ class MicroBatcher:
         if not self._accepting or self._queue is None or self._runner is None or self._runner.done():
             raise BatcherStopped("the server is not accepting predictions (starting or shutting down)")
         pending = _Pending(texts, asyncio.get_running_loop().create_future())
-        self._queue.put_nowait(pending)
+        try:
+            self._queue.put_nowait(pending)
+        except asyncio.QueueFull:
+            self.stats.rejected_requests += 1
+            raise QueueFull(self._queue.qsize(), self.max_queued_requests, self.retry_after_s()) from None
         return await pending.answer
+
+    @property
+    def queued_requests(self) -> int:
+        """Requests waiting for a batch (not those in the batch being collected or predicted)."""
+        return self._queue.qsize() if self._queue is not None else 0
+
+    def retry_after_s(self) -> int:
+        """Whole seconds (at least 1) the waiting requests should take: the batches they make, plus
+        the one being predicted, at the recent batches' mean predict time."""
+        if not self._recent_batch_seconds:
+            return 1
+        per_batch = sum(self._recent_batch_seconds) / len(self._recent_batch_seconds)
+        rows_per_request = self.stats.rows / self.stats.requests if self.stats.requests else 1.0
+        batches = math.ceil(self.queued_requests * rows_per_request / self.max_batch_rows) + 1
+        return max(1, math.ceil(batches * per_batch))
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -185,6 +231,7 @@ class MicroBatcher:
             if not batch:
                 continue
             texts = [text for pending in batch for text in pending.texts]
+            began = loop.time()
             try:
                 scored = await loop.run_in_executor(self._executor, self._predict, texts)
             except Exception as exc:
@@ -194,6 +241,7 @@ class MicroBatcher:
                         pending.answer.set_exception(exc)
                 self._batch = []
                 continue
+            self._recent_batch_seconds.append(loop.time() - began)
             self._record(len(texts), len(batch))
             start = 0
             for pending in batch:

@@ -40,6 +40,9 @@ class ServingSettings:
     # A batch is predicted in groups whose longest text is at most this many times the shortest:
     # a model pads a call to its longest text, and one long text would slow the whole call.
     max_length_ratio: float = 2.0
+    # Requests waiting for a batch at most (four full batches of one-text requests); one more is
+    # answered 503 with Retry-After at once instead of queueing without limit.
+    max_queued_requests: int = 256
     max_rows_per_request: int = 256
     max_text_chars: int = 8192
     max_body_bytes: int = 4 * 1024 * 1024
@@ -57,6 +60,7 @@ class ServingSettings:
             "port",
             "poll_seconds",
             "max_batch_rows",
+            "max_queued_requests",
             "max_rows_per_request",
             "max_text_chars",
             "max_body_bytes",
