@@ -95,6 +95,26 @@ def completion_token_ids(tokenizer: Any, prompt: str, completion: str) -> tuple[
     return full_ids, start
 
 
+def model_device(model: Any) -> Any:
+    """Where the model's inputs go: its (first) weights' device, a CUDA GPU or the CPU."""
+    device = getattr(model, "device", None)
+    if device is not None:
+        return device
+    return next(model.parameters()).device
+
+
+def on_model_device(model: Any) -> Any:
+    """A context in which the tensors the scoring builds (``torch.tensor``, ``torch.zeros``, ...) are
+    made on the model's device, so one code path scores on a GPU as on the CPU. On the CPU, where
+    they are made anyway, nothing is entered (a default-device mode would add Python to every op)."""
+    import contextlib
+
+    import torch
+
+    device = torch.device(model_device(model))
+    return contextlib.nullcontext() if device.type == "cpu" else device
+
+
 def completion_loss(
     model: Any,
     tokenizer: Any,
@@ -108,6 +128,7 @@ def completion_loss(
     losses: list[float] = []
     counts: list[int] = []
     pad_id = tokenizer.pad_token_id
+    device = model_device(model)
     for begin in range(0, len(prompts), batch_size):
         rows = [
             completion_token_ids(tokenizer, p, c)
@@ -123,8 +144,8 @@ def completion_loss(
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attention[i, : len(ids)] = 1
             labels[i, start : len(ids)] = torch.tensor(ids[start:])
-        logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-        shifted_labels = labels[:, 1:]
+        logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
+        shifted_labels = labels[:, 1:].to(device)
         token_losses = torch.nn.functional.cross_entropy(
             logits[:, :-1].reshape(-1, logits.size(-1)), shifted_labels.reshape(-1), reduction="none"
         ).view(shifted_labels.shape)  # 0 where the label is -100
@@ -154,7 +175,7 @@ def score_texts(
     order = np.argsort(lengths, kind="stable")
     predictions: list[str] = [""] * len(texts)
     scores: list[float] = [0.0] * len(texts)
-    with torch.inference_mode():
+    with torch.inference_mode(), on_model_device(model):
         for begin in range(0, len(order), batch_size):
             rows = [int(i) for i in order[begin : begin + batch_size]]
             batch = [prompts[i] for i in rows]
@@ -324,7 +345,10 @@ def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[lis
 
     id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
     batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    device = model_device(model)
+    logits = model(
+        input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device)
+    ).logits.float()
     probs = torch.softmax(logits, dim=-1)
     best = probs.max(dim=-1)
     return [id2label[int(i)] for i in best.indices], best.values.tolist()

@@ -211,7 +211,9 @@ def build_trainer(
     if params.peft_method in ("lora", "qlora"):
         from peft import get_peft_model
 
-        if args.activation_checkpointing and params.peft_method == "lora":
+        # gradient_checkpointing: the name every transformers 5.x has (a mirror of activation_checkpointing
+        # in the releases that have that one).
+        if args.gradient_checkpointing and params.peft_method == "lora":
             # Checkpointed blocks under frozen embeddings need an input that requires grad
             # (prepare_model_for_kbit_training does this for qlora).
             model.enable_input_require_grads()

@@ -253,10 +253,33 @@ def merge_trained(
     model = trainer.model
     if params.peft_method == "full":
         return model
-    adapter_dir = output_dir / ADAPTER_ARTIFACT
-    model.save_pretrained(str(adapter_dir), safe_serialization=True)
-    trainer.processing_class.save_pretrained(str(adapter_dir))
+    adapter_dir = save_adapter(trainer, output_dir)
     mlflow.log_artifacts(str(adapter_dir), ADAPTER_ARTIFACT)
+    pad_token_id = trainer.processing_class.pad_token_id
+    return merge_adapter(
+        model, params, request.base_model, adapter_dir, pad_token_id, auto_class, **model_kwargs
+    )
+
+
+def save_adapter(trainer: Any, output_dir: Path) -> Path:
+    """The trained adapter and its tokenizer saved (safetensors) to ``<output_dir>/adapter``."""
+    adapter_dir = output_dir / ADAPTER_ARTIFACT
+    trainer.model.save_pretrained(str(adapter_dir), safe_serialization=True)
+    trainer.processing_class.save_pretrained(str(adapter_dir))
+    return adapter_dir
+
+
+def merge_adapter(
+    model: Any,
+    params: PipelineParams,
+    base_model: str,
+    adapter_dir: Path,
+    pad_token_id: int | None,
+    auto_class: Any = None,
+    **model_kwargs: Any,
+) -> PreTrainedModel:
+    """The trained ``PeftModel`` folded into its base (no MLflow here): LoRA in place, QLoRA's adapter
+    (saved in ``adapter_dir``) over a 16-bit copy of ``base_model`` whose padding is ``pad_token_id``."""
     if params.peft_method == "qlora":
         # Merging into the 4-bit base would round the adapter into its quantization grid and
         # degrade the model: merge into a 16-bit copy of the base instead.
@@ -267,12 +290,12 @@ def merge_trained(
         auto_class = auto_class or AutoModelForCausalLM
         base = load_model(
             auto_class,
-            request.base_model,
+            base_model,
             trust_remote_code=params.trust_remote_code,
             dtype=torch.bfloat16,
             **model_kwargs,
         )
-        base.config.pad_token_id = trainer.processing_class.pad_token_id
+        base.config.pad_token_id = pad_token_id
         return load_adapter(base, adapter_dir).merge_and_unload()
     # Logging the PeftModel itself loses the base weights on load when the base is a local
     # folder (peft stores the base's name only); the merged model round-trips exactly.

@@ -181,66 +181,13 @@ def _train_in_run(
 ) -> TrainResult:
     """Train (resuming from ``checkpoint``), then on rank 0 (``run_id`` set) log and verify the model."""
     import mlflow
-    from transformers import PrinterCallback, set_seed
 
     main_process = run_id is not None
     classify = params.task == "sequence_classification"
     train_ds, val_ds, n_train = splits
     streaming = params.dataset_mode == "streaming"
-    set_seed(params.seed)
-    # The one switch for the base's own code (auto_map); weights load as safetensors only.
-    trust = params.trust_remote_code
-    tokenizer = load_train_tokenizer(request.base_model, trust_remote_code=trust, task=params.task)
-    if classify:
-        from sparktune.model import classification
-
-        labels = classification.label_names(train_ds, val_ds, request.dataset_path, streaming)
-        # Saved with the tokenizer: evaluation and serving truncate texts as training did.
-        tokenizer.model_max_length = params.max_length
-        model = classification.load_classifier(
-            request.base_model, tokenizer, params.peft_method, labels, trust_remote_code=trust
-        )
-    else:
-        model = load_base_model(request.base_model, tokenizer, params.peft_method, trust_remote_code=trust)
-        if params.packing:
-            check_packing_isolation(model, tokenizer)
-
-    trainer_cls, callback_cls = make_trainer_classes()
-    step_logger = callback_cls()
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    stream_shards = getattr(train_ds, "num_shards", 0) if streaming else 0
-    if classify:
-        trainer = classification.build_trainer(
-            model,
-            tokenizer,
-            params,
-            output_dir,
-            train_ds,
-            val_ds,
-            n_train,
-            stream_shards=stream_shards,
-            world_size=world_size,
-            callbacks=[step_logger],
-        )
-    else:
-        trainer = trainer_cls(
-            model=model,
-            args=sft_config(params, output_dir, n_train, stream_shards, world_size=world_size),
-            train_dataset=train_ds,
-            eval_dataset=val_ds,
-            processing_class=tokenizer,
-            peft_config=lora_config_from_params(params) if params.peft_method in ("lora", "qlora") else None,
-            callbacks=[step_logger],
-        )
-    if streaming:
-        from sparktune.data.streaming import shuffle_stream
-
-        in_workers = trainer.args.dataloader_num_workers > 0
-        trainer.train_dataset = shuffle_stream(
-            trainer.train_dataset, params.seed, read_in_worker_processes=in_workers
-        )
-    # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
-    trainer.remove_callback(PrinterCallback)
+    step_logger = make_trainer_classes()[1]()
+    trainer, tokenizer, labels = build_trainer(request, params, splits, output_dir, callbacks=[step_logger])
     trainable, total = count_params(trainer.model)
     world_size = trainer.args.world_size
     # What the param precision resolved to on this device (auto: bf16 where it computes bf16 natively).
@@ -359,9 +306,9 @@ def _train_in_run(
     texts = [row["text"] if classify else row["prompt"] + row["completion"] for row in sample]
     # The label set the model answers in: the head's order for a classifier, the candidates a
     # causal LM is scored on (labels it never saw in training could not be its answers).
-    if not classify:
-        from sparktune.model import classification
+    from sparktune.model import classification
 
+    if not classify:
         # The training splits hold prompt and completion only here; the labels are on disk.
         if streaming:
             labels = classification.label_names(None, None, request.dataset_path, streaming)
@@ -424,6 +371,81 @@ def _train_in_run(
     )
 
 
+def build_trainer(
+    request: TrainRequest,
+    params: PipelineParams,
+    splits: tuple[Any, Any, int],
+    output_dir: Path,
+    callbacks: list[Any],
+) -> tuple[Any, Any, list[str] | None]:
+    """The tokenizer, the base model and the trainer over ``splits``, as every run trains them:
+    ``(trainer, tokenizer, labels)``, ``labels`` the classifier's head order (None for a causal LM).
+
+    Nothing here talks to MLflow (``callbacks`` report the steps), so a check of the training path
+    on other hardware (``benchmarks/gpu_check.py``) runs this same function without it.
+    """
+    from transformers import PrinterCallback, set_seed
+
+    classify = params.task == "sequence_classification"
+    train_ds, val_ds, n_train = splits
+    streaming = params.dataset_mode == "streaming"
+    set_seed(params.seed)
+    # The one switch for the base's own code (auto_map); weights load as safetensors only.
+    trust = params.trust_remote_code
+    tokenizer = load_train_tokenizer(request.base_model, trust_remote_code=trust, task=params.task)
+    labels = None
+    if classify:
+        from sparktune.model import classification
+
+        labels = classification.label_names(train_ds, val_ds, request.dataset_path, streaming)
+        # Saved with the tokenizer: evaluation and serving truncate texts as training did.
+        tokenizer.model_max_length = params.max_length
+        model = classification.load_classifier(
+            request.base_model, tokenizer, params.peft_method, labels, trust_remote_code=trust
+        )
+    else:
+        model = load_base_model(request.base_model, tokenizer, params.peft_method, trust_remote_code=trust)
+        if params.packing:
+            check_packing_isolation(model, tokenizer)
+
+    trainer_cls = make_trainer_classes()[0]
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    stream_shards = getattr(train_ds, "num_shards", 0) if streaming else 0
+    if classify:
+        trainer = classification.build_trainer(
+            model,
+            tokenizer,
+            params,
+            output_dir,
+            train_ds,
+            val_ds,
+            n_train,
+            stream_shards=stream_shards,
+            world_size=world_size,
+            callbacks=callbacks,
+        )
+    else:
+        trainer = trainer_cls(
+            model=model,
+            args=sft_config(params, output_dir, n_train, stream_shards, world_size=world_size),
+            train_dataset=train_ds,
+            eval_dataset=val_ds,
+            processing_class=tokenizer,
+            peft_config=lora_config_from_params(params) if params.peft_method in ("lora", "qlora") else None,
+            callbacks=callbacks,
+        )
+    if streaming:
+        from sparktune.data.streaming import shuffle_stream
+
+        in_workers = trainer.args.dataloader_num_workers > 0
+        trainer.train_dataset = shuffle_stream(
+            trainer.train_dataset, params.seed, read_in_worker_processes=in_workers
+        )
+    # The step logger writes each logging step to the task log already; PrinterCallback would repeat it.
+    trainer.remove_callback(PrinterCallback)
+    return trainer, tokenizer, labels
+
+
 def _param_value(value: Any) -> Any:
     # MLflow caps a param value at 6000 characters; a long prompt template would fail the run.
     if isinstance(value, str) and len(value) > 500:
@@ -450,6 +472,7 @@ def summary_line(result: TrainResult) -> str:
 __all__ = [
     "CODE_FINGERPRINT_TAG",
     "CODE_VERSION_TAG",
+    "build_trainer",
     "load_finished_result",
     "resolve_recipe",
     "summary_line",

@@ -193,6 +193,17 @@ def _expected_steps(params: PipelineParams, n_train: int, world_size: int) -> in
     return max(1, math.ceil(math.ceil(n_train / per_step) * params.num_train_epochs))
 
 
+def _checkpointing_argument() -> str:
+    """The ``TrainingArguments`` name of activation recomputation: ``activation_checkpointing`` in the
+    transformers releases that have it (``gradient_checkpointing`` is its deprecated alias there),
+    ``gradient_checkpointing`` in earlier 5.x releases (5.17), which refuse the new name. Set either
+    way, explicitly: TRL's configs default it to True."""
+    from transformers import TrainingArguments
+
+    fields = getattr(TrainingArguments, "__dataclass_fields__", {})
+    return "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+
+
 def trainer_arguments(
     params: PipelineParams, output_dir: Path, n_train: int, stream_shards: int = 0, world_size: int = 1
 ) -> dict[str, Any]:
@@ -234,7 +245,7 @@ def trainer_arguments(
         # TorchDistributor provides when told to run on the CPU; otherwise each rank trains alone.
         use_cpu=not on_gpu,
         # Recomputing activations saves GPU memory but only costs time on a small CPU model.
-        activation_checkpointing=on_gpu,
+        **{_checkpointing_argument(): on_gpu},
         logging_strategy="steps",
         logging_first_step=True,
         # About 100 points on the loss curve whatever the run length.
