@@ -175,6 +175,48 @@ def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypa
         assert again[1] == pytest.approx(scores, abs=1e-4)
 
 
+@pytest.mark.parametrize("layout", ["one_row", "one_row_eager", "repeated_rows"])
+@pytest.mark.parametrize("start", ["shared_start", "no_shared_start"])
+def test_cached_passes_match_one_forward_per_candidate(model_ref, monkeypatch, layout, start):
+    """The three cached passes give each tail's log-likelihood as one plain forward over prompt +
+    tail does: prompts of different lengths with and without a common start, tails of one to four
+    tokens (a candidate's tokens see only their own candidate), all of a prompt's candidates in one
+    row (sdpa's boolean mask, eager attention's additive one) or the cache repeated per candidate
+    (attention that takes no custom mask)."""
+    import random
+
+    import sparktune.core.label_scoring
+    import torch
+    from sparktune.core.label_scoring import _shared_prompt_log_likelihood
+    from sparktune.serve.inference import load_cached
+
+    loaded = load_cached(model_ref)
+    model = loaded.model
+    if layout == "repeated_rows":
+        monkeypatch.setattr(sparktune.core.label_scoring, "_CUSTOM_MASK_ATTENTION", ())
+    rng = random.Random(5)
+    vocab = model.config.vocab_size
+    common = [rng.randrange(5, vocab) for _ in range(6)] if start == "shared_start" else []
+    prompts = [common + [rng.randrange(5, vocab) for _ in range(n)] for n in (1, 9, 4, 17)]
+    if start == "no_shared_start":
+        prompts = [[5 + i] + ids for i, ids in enumerate(prompts)]  # no two start alike
+    tails = [[rng.randrange(5, vocab) for _ in range(n)] for _ in prompts for n in (1, 3, 2, 4)]
+    if layout == "one_row_eager":
+        model.set_attn_implementation("eager")
+    try:
+        found = _shared_prompt_log_likelihood(model, prompts, tails, loaded.tokenizer.pad_token_id)
+    finally:
+        model.set_attn_implementation("sdpa")
+    expected = []
+    with torch.inference_mode():
+        for i, tail in enumerate(tails):
+            ids = prompts[i // 4]
+            logits = model(input_ids=torch.tensor([ids + tail])).logits[0].float()
+            log_probs = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1)
+            expected.append(float(log_probs.gather(1, torch.tensor(tail)[:, None]).sum()))
+    assert found.tolist() == pytest.approx(expected, abs=1e-3)
+
+
 def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(model_ref, rows, monkeypatch):
     """No space before {label}: some texts' last word merges with the label's first letters, so
     those prompts' tokens are no prefix of prompt + label; they are scored like before, the rest

@@ -11,8 +11,9 @@ built it, plus eos) gets the summed log-likelihood :func:`completion_loss` gives
 prediction is the candidate with the highest; ``score`` is its probability after a softmax over
 the candidates. It never answers outside the label set, and its score is a real probability, where
 greedy generation can produce text that is no label and says nothing of its confidence (see
-docs/decisions/0005-one-prediction-path.md). A batch runs its prompts through the model once and
-reuses their KV cache for every candidate's tokens; prompts that fast path cannot score exactly (a
+docs/decisions/0005-one-prediction-path.md). A batch runs the tokens its prompts share (a chat
+template's system turn and instructions) through the model once, then the rest of each prompt once,
+and reuses that KV cache for every candidate's tokens; prompts that fast path cannot score exactly (a
 tokenizer merging the prompt's end with a label, a recurrent or short sliding-window cache) go
 through :func:`completion_loss` itself. A sequence classifier predicts the argmax of its head
 through ``config.id2label``; ``score`` is the softmax probability of that label.
@@ -220,9 +221,10 @@ def _causal_lm_batch(
 
     The numbers are those of :func:`completion_loss` (which tokenizes
     prompt + completion + eos as training did and scores the tokens after the prompt's), computed
-    with one forward pass over the prompts and one over the candidates' tokens: see
-    :func:`_shared_prompt_log_likelihood`. A prompt whose tokens are not a prefix of every
-    prompt + completion (a tokenizer merging across the boundary) is scored by ``completion_loss``.
+    with a forward pass over what the batch's prompts share, one over the rest of each prompt and one
+    over the candidates' tokens: see :func:`_shared_prompt_log_likelihood`. A prompt whose tokens
+    are not a prefix of every prompt + completion (a tokenizer merging across the boundary) is
+    scored by ``completion_loss``.
     """
     import torch
 
@@ -238,7 +240,7 @@ def _causal_lm_batch(
     tails: list[list[int]] = []
     for i, ids in enumerate(prompt_ids):
         fulls = joint[i * n_labels : (i + 1) * n_labels]
-        if len(ids) >= 2 and all(len(full) > len(ids) and full[: len(ids)] == ids for full in fulls):
+        if ids and all(len(full) > len(ids) and full[: len(ids)] == ids for full in fulls):
             shared.append(i)
             tails.extend(full[len(ids) :] for full in fulls)
         else:
@@ -274,52 +276,170 @@ def _shared_prompt_log_likelihood(
     len(prompts)`` candidates per prompt, prompt-major. Returns a float64 tensor, one per tail, or
     None when the model's cache cannot be reused (:func:`_cache_reusable`).
 
-    Pass 1 runs every prompt but its last token once (right-padded, ``use_cache=True``). Pass 2
-    repeats that KV cache once per candidate and feeds ``[last prompt token] + tail[:-1]``, whose
-    logits predict ``tail``. Position ids continue each prompt's own length and the attention mask
-    hides the padding between a short prompt and its tail, so padding never reaches a real token;
-    every row of pass 1 has at least one real token (prompts are at least two tokens), so no
-    attention row is empty.
-    """
-    import inspect
+    Three forward passes, each over tokens no other pass sees:
 
+    1. the tokens every prompt of the batch starts with (a chat template's system turn and
+       instructions, often most of a prompt), once, in one row;
+    2. the rest of each prompt, left-padded after that shared start, whose last position's logits
+       give every candidate's first token;
+    3. each candidate's tail but its last token, all of a prompt's candidates in one row over the
+       cache of 1 and 2 (:func:`_tails_in_one_row`), whose logits give the tails' other tokens.
+
+    Position ids count each prompt's own tokens and the attention mask hides the padding, so
+    padding never reaches a real token. (Without a shared start, a left-padding row of pass 2
+    attends to nothing: torch's attention gives it zeros, eager attention a uniform average, and
+    no real token attends to it.)
+    """
     import torch
 
     n_prompts = len(prompts)
     per_prompt = len(tails) // n_prompts
     pad = 0 if pad_id is None else int(pad_id)
-    prefix_width = max(len(ids) for ids in prompts) - 1
-    prefix = torch.tensor([ids[:-1] + [pad] * (prefix_width + 1 - len(ids)) for ids in prompts])
-    prefix_mask = torch.tensor(
-        [[1] * (len(ids) - 1) + [0] * (prefix_width + 1 - len(ids)) for ids in prompts]
-    )
-    keep_one = (
-        {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    )
-    cache = model(input_ids=prefix, attention_mask=prefix_mask, use_cache=True, **keep_one).past_key_values
-    width = max(len(tail) for tail in tails)
-    if not _cache_reusable(cache, prefix_width + width):
-        return None
-    cache.batch_repeat_interleave(per_prompt)
-
-    lasts = [prompts[row // per_prompt] for row in range(len(tails))]
-    inputs = torch.tensor(
-        [[ids[-1], *tail[:-1]] + [pad] * (width - len(tail)) for ids, tail in zip(lasts, tails, strict=True)]
-    )
-    targets = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails])
-    tail_mask = torch.tensor([[1] * len(tail) + [0] * (width - len(tail)) for tail in tails])
-    starts = torch.tensor([len(ids) - 1 for ids in lasts])
-    attention = torch.cat([prefix_mask.repeat_interleave(per_prompt, dim=0), tail_mask], dim=1)
-    positions = starts[:, None] + torch.arange(width)[None, :]
-    logits = model(
+    # Every prompt keeps at least one token of its own for pass 2, whose logits are read.
+    shared = min(_common_prefix_length(prompts), min(len(ids) for ids in prompts) - 1)
+    rest_width = max(len(ids) for ids in prompts) - shared
+    rests = [ids[shared:] for ids in prompts]
+    keep_one = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    cache = None
+    if shared:
+        cache = model(
+            input_ids=torch.tensor([prompts[0][:shared]]), use_cache=True, **keep_one
+        ).past_key_values
+        if not _cache_reusable(cache, shared + rest_width + max(len(tail) for tail in tails)):
+            return None
+        cache.batch_repeat_interleave(n_prompts)
+    inputs = torch.tensor([[pad] * (rest_width - len(rest)) + rest for rest in rests])
+    rest_mask = torch.tensor([[0] * (rest_width - len(rest)) + [1] * len(rest) for rest in rests])
+    prompt_mask = torch.cat([torch.ones((n_prompts, shared), dtype=torch.long), rest_mask], dim=1)
+    positions = (shared + (rest_mask.cumsum(dim=1) - 1)).clamp(min=shared)
+    out = model(
         input_ids=inputs,
-        attention_mask=attention,
+        attention_mask=prompt_mask,
         position_ids=positions,
         past_key_values=cache,
         use_cache=True,
-    ).logits.float()
-    token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+        **keep_one,
+    )
+    cache = out.past_key_values
+    if not shared and not _cache_reusable(cache, rest_width + max(len(tail) for tail in tails)):
+        return None
+    first_log_probs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    firsts = torch.tensor([tail[0] for tail in tails])
+    totals = first_log_probs.repeat_interleave(per_prompt, dim=0).gather(1, firsts[:, None])[:, 0].double()
+    width = max(len(tail) for tail in tails) - 1
+    if width == 0:
+        return totals
+    lengths = [len(ids) for ids in prompts]
+    if getattr(model.config, "_attn_implementation", None) in _CUSTOM_MASK_ATTENTION:
+        rests = _tails_in_one_row(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
+    else:
+        rests = _tails_in_repeated_rows(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
+    return totals + rests
+
+
+# Attention implementations that take a custom 4D mask as given (transformers' masking_utils).
+_CUSTOM_MASK_ATTENTION = ("sdpa", "eager")
+
+
+def _tails_in_one_row(
+    model: Any,
+    cache: Any,
+    prompt_mask: Any,
+    lengths: list[int],
+    tails: list[list[int]],
+    per_prompt: int,
+    pad: int,
+) -> Any:
+    """Summed log-probability of ``tail[1:]`` for every tail, all of a prompt's candidates in one
+    row after its cache: candidate after candidate, each token attending to the prompt and to the
+    tokens of its own candidate before it (a 4D mask), at the positions it would have after the
+    prompt alone. One row per prompt, so the cache is read as it is, never copied per candidate."""
+    import torch
+
+    n_prompts, past = prompt_mask.shape
+    rows = [tails[p * per_prompt : (p + 1) * per_prompt] for p in range(n_prompts)]
+    width = max(sum(len(tail) - 1 for tail in row) for row in rows)
+    inputs = torch.full((n_prompts, width), pad, dtype=torch.long)
+    targets = torch.zeros((n_prompts, width), dtype=torch.long)
+    positions = torch.zeros((n_prompts, width), dtype=torch.long)
+    owner = torch.full((n_prompts, width), -1, dtype=torch.long)  # which candidate a slot holds
+    for p, row in enumerate(rows):
+        at = 0
+        for c, tail in enumerate(row):
+            k = len(tail) - 1
+            inputs[p, at : at + k] = torch.tensor(tail[:-1])
+            targets[p, at : at + k] = torch.tensor(tail[1:])
+            positions[p, at : at + k] = lengths[p] + torch.arange(k)
+            owner[p, at : at + k] = c
+            at += k
+        positions[p, at:] = lengths[p]
+    slots = torch.arange(width)
+    # A slot sees the slots of its own candidate up to itself (padding slots: themselves alone).
+    same = (owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)
+    own = (same | torch.eye(width, dtype=torch.bool)[None]) & (slots[None, :, None] >= slots[None, None, :])
+    seen = torch.cat([prompt_mask.bool()[:, None, :].expand(n_prompts, width, past), own], dim=2)
+    mask = seen[:, None]  # sdpa: True attends, in whatever dtype the attention computes
+    if model.config._attn_implementation == "eager":  # eager adds the mask to its scores
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
+    token_log_probs = _target_log_probs(model, targets, inputs, mask, positions, cache)
+    token_log_probs = token_log_probs.double().masked_fill(owner < 0, 0.0)
+    # Sum each candidate's slots: scatter into (prompt, candidate).
+    sums = torch.zeros((n_prompts, per_prompt), dtype=torch.float64)
+    sums.scatter_add_(1, owner.clamp(min=0), token_log_probs)
+    return sums.view(-1)
+
+
+def _tails_in_repeated_rows(
+    model: Any,
+    cache: Any,
+    prompt_mask: Any,
+    lengths: list[int],
+    tails: list[list[int]],
+    per_prompt: int,
+    pad: int,
+) -> Any:
+    """What :func:`_tails_in_one_row` gives, for attention implementations that take no custom
+    mask: the cache repeated once per candidate, one right-padded row per candidate."""
+    import torch
+
+    width = max(len(tail) for tail in tails) - 1
+    cache.batch_repeat_interleave(per_prompt)
+    starts = [length for length in lengths for _ in range(per_prompt)]
+    inputs = torch.tensor([tail[:-1] + [pad] * (width + 1 - len(tail)) for tail in tails])
+    targets = torch.tensor([tail[1:] + [0] * (width + 1 - len(tail)) for tail in tails])
+    tail_mask = torch.tensor([[1] * (len(tail) - 1) + [0] * (width + 1 - len(tail)) for tail in tails])
+    attention = torch.cat([prompt_mask.repeat_interleave(per_prompt, dim=0), tail_mask], dim=1)
+    positions = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
+    token_log_probs = _target_log_probs(model, targets, inputs, attention, positions, cache)
     return (token_log_probs * tail_mask).sum(dim=1, dtype=torch.float64)
+
+
+def _target_log_probs(model: Any, targets: Any, inputs: Any, mask: Any, positions: Any, cache: Any) -> Any:
+    """log p(``targets``) at every position of ``inputs`` run after ``cache``."""
+    import torch
+
+    logits = model(
+        input_ids=inputs, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits.float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None])[..., 0]
+
+
+def _common_prefix_length(rows: list[list[int]]) -> int:
+    """How many leading token ids every row shares."""
+    first, *others = rows
+    length = min(len(row) for row in rows)
+    for other in others:
+        length = next((i for i in range(length) if other[i] != first[i]), length)
+        if not length:
+            break
+    return length
+
+
+def _keeps_logits(model: Any) -> bool:
+    """Whether ``model.forward`` takes ``logits_to_keep`` (the last position's logits only)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def _cache_reusable(cache: Any, length: int) -> bool:
