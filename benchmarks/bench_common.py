@@ -145,3 +145,108 @@ def tiny_champion(work: Path, model_name: str) -> tuple[str, str, Any]:
         )
     client.set_registered_model_alias(model_name, "champion", version)
     return uri, str(version), tiny_model
+
+
+SMOLLM2 = "smollm2-135m-instruct"
+# What a registered SmolLM2 champion was built from: a model logged before any of these changed
+# scores with the code it carries (the pyfunc logs label_scoring.py), so it is trained again.
+_SMOLLM2_CODE = (
+    "include/sparktune/core/label_scoring.py",
+    "include/sparktune/model/label_pyfunc.py",
+    "include/sparktune/model/logged_model.py",
+)
+
+
+def smollm2_champion(work: Path, model_name: str, *, steps: int, rows: int = 256) -> tuple[str, str, Any]:
+    """SmolLM2-135M-Instruct (built once from its PyPI package) fine-tuned with LoRA for ``steps``
+    steps on the tiny intent rows in its own chat template (``tests/unit/tiny_model.py``'s texts and
+    labels, prompts built by the pipeline's functions), through ``sparktune.model.training.train``,
+    and registered as ``model_name@champion`` under ``work``: (tracking URI, version, ``tiny_model``).
+
+    Reused while the scoring code, the steps and the rows are those it was built with (a tag on the
+    version says them); else trained again (a few minutes on two cores)."""
+    import hashlib
+    import shutil
+    import sys
+
+    root_dir = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root_dir / "tests" / "unit"), str(root_dir)]
+    import tiny_model
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    digest = hashlib.sha256(f"{steps}\0{rows}".encode())
+    for name in _SMOLLM2_CODE:
+        digest.update((root_dir / name).read_bytes())
+    built_from = digest.hexdigest()[:16]
+    work.mkdir(parents=True, exist_ok=True)
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        champion = client.get_model_version_by_alias(model_name, "champion")
+        if champion.tags.get("bench_built_from") == built_from:
+            return uri, str(champion.version), tiny_model
+    except MlflowException:  # no such model or alias yet: build it
+        pass
+
+    from datasets import Dataset, DatasetDict
+    from sparktune.core.label_scoring import format_example
+    from sparktune.core.params import default_params
+    from sparktune.core.prompt_format import effective_prompt_template
+    from sparktune.model.base_model import ensure_base_model
+    from sparktune.model.process_setup import using_tracking_uri
+    from sparktune.model.train_inputs import load_train_tokenizer
+    from sparktune.model.train_request import TrainRequest
+    from sparktune.model.training import train
+    from sparktune.release.registry import register_run_model
+
+    print(f"{model_name}: LoRA on {SMOLLM2}, {steps} steps (once per scoring code) ...", flush=True)
+    base = ensure_base_model(SMOLLM2)
+    labels = sorted(tiny_model.LABELS)
+    template = effective_prompt_template("", load_train_tokenizer(base), labels)
+
+    def split(n: int, seed: int) -> Dataset:
+        out = []
+        for row in tiny_model.make_rows(n, seed):
+            label = tiny_model.LABELS[row["label"]]
+            prompt, completion = format_example(template, row["text"], label)
+            out.append({"text": row["text"], "label": label, "prompt": prompt, "completion": completion})
+        return Dataset.from_list(out)
+
+    data = work / "smollm2-data"
+    shutil.rmtree(data, ignore_errors=True)
+    DatasetDict({"train": split(rows, 1), "validation": split(32, 2), "test": split(32, 3)}).save_to_disk(
+        str(data)
+    )
+    params = default_params()
+    # A higher rate than the recipe's 2e-4: a few steps teach the four labels.
+    params.update(
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-3,
+        seed=7,
+    )
+    result = train(
+        TrainRequest(
+            dataset_path=str(data),
+            base_model=base,
+            output_dir=str(work / "smollm2-out"),
+            params=params,
+            mlflow_tracking_uri=uri,
+            experiment_name="bench-smollm2",
+            train_key=f"bench-smollm2-{built_from}",
+            tags={"data_fingerprint": "fp-bench"},
+            run_name="bench-smollm2",
+            artifact_location=(work / "artifacts").resolve().as_uri(),
+        )
+    )
+    with using_tracking_uri(uri):
+        version = register_run_model(
+            client,
+            model_name,
+            result.mlflow_run_id,
+            {"data_fingerprint": "fp-bench", "bench_built_from": built_from},
+        )
+    client.set_registered_model_alias(model_name, "champion", version)
+    return uri, str(version), tiny_model

@@ -52,7 +52,7 @@ class BatchInferenceParams(ParamGroup):
         le=1.0,
         section=SCORING,
     )
-    batch_size: Integer = param(32, "Texts per forward pass.", ge=1, le=4096, section=SCORING)
+    batch_size: Integer = param(64, "Texts per forward pass.", ge=1, le=4096, section=SCORING)
     feedback_uri: OptionalText = param(
         None,
         "Feedback table that receives the scored rows for review; empty: none.",

@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI)"
     )
     parser.add_argument("--download-dir", default=None, help="Shared folder for model downloads")
-    parser.add_argument("--batch-size", type=int, default=32, help="Texts per forward pass")
+    parser.add_argument("--batch-size", type=int, default=64, help="Texts per forward pass")
     parser.add_argument("--min-score", type=float, default=0.0, help="Keep rows whose score is at least this")
     parser.add_argument(
         "--run-date", required=True, help="The run's logical date (YYYY-MM-DD): its partition"

@@ -299,7 +299,7 @@ def _labels_of(tags: dict[str, str], run_params: dict[str, str], model_name: str
 _MODEL_CACHE: dict[str, Any] = {}
 
 
-def load_cached(ref: ModelRef, batch_size: int = 32) -> Any:
+def load_cached(ref: ModelRef, batch_size: int = 64) -> Any:
     """The model at ``ref.local_path`` as :func:`sparktune.release.eval_inputs.load_label_model` loads
     it (the logged pyfunc, the path evaluation scored), once per Python process."""
     key = f"{ref.local_path}\0{bool(ref.trust_remote_code)}\0{batch_size}"
@@ -322,7 +322,7 @@ def score_dataframe(
     *,
     text_column: str = "text",
     id_column: str = "id",
-    batch_size: int = 32,
+    batch_size: int = 64,
     min_score: float = 0.0,
     scored_at: datetime,
 ) -> DataFrame:

@@ -94,7 +94,7 @@ class BatchInferenceOperator(UsesMLflowConnection, ReportsLineage, SparkSubmitOp
         id_column: str = "id",
         source_format: str = "auto",
         min_score: float = 0.0,
-        batch_size: int = 32,
+        batch_size: int = 64,
         feedback_uri: str | None = None,
         download_dir: str | None = None,
         follow_champion_events: bool = True,
