@@ -359,20 +359,19 @@ def _tails_in_one_row(
     n_prompts, past = prompt_mask.shape
     rows = [tails[p * per_prompt : (p + 1) * per_prompt] for p in range(n_prompts)]
     width = max(sum(len(tail) - 1 for tail in row) for row in rows)
-    inputs = torch.full((n_prompts, width), pad, dtype=torch.long)
-    targets = torch.zeros((n_prompts, width), dtype=torch.long)
-    positions = torch.zeros((n_prompts, width), dtype=torch.long)
-    owner = torch.full((n_prompts, width), -1, dtype=torch.long)  # which candidate a slot holds
-    for p, row in enumerate(rows):
-        at = 0
-        for c, tail in enumerate(row):
-            k = len(tail) - 1
-            inputs[p, at : at + k] = torch.tensor(tail[:-1])
-            targets[p, at : at + k] = torch.tensor(tail[1:])
-            positions[p, at : at + k] = lengths[p] + torch.arange(k)
-            owner[p, at : at + k] = c
-            at += k
-        positions[p, at:] = lengths[p]
+    # Built as lists, then one tensor each: a tensor per slot costs more than the tiny model's pass.
+    inputs, targets, positions, owner = [], [], [], []  # owner: which candidate a slot holds, -1 none
+    for length, row in zip(lengths, rows, strict=True):
+        ids = [token for tail in row for token in tail[:-1]]
+        nexts = [token for tail in row for token in tail[1:]]
+        steps = [length + j for tail in row for j in range(len(tail) - 1)]
+        whose = [c for c, tail in enumerate(row) for _ in range(len(tail) - 1)]
+        padding = width - len(ids)
+        inputs.append(ids + [pad] * padding)
+        targets.append(nexts + [0] * padding)
+        positions.append(steps + [length] * padding)
+        owner.append(whose + [-1] * padding)
+    inputs, targets, positions, owner = (torch.tensor(x) for x in (inputs, targets, positions, owner))
     slots = torch.arange(width)
     # A slot sees the slots of its own candidate up to itself (padding slots: themselves alone).
     same = (owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)
