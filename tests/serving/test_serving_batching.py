@@ -244,3 +244,35 @@ def test_the_retry_hint_is_the_time_the_waiting_batches_take_at_the_recent_pace(
     # 5 waiting requests of 2 texts: 5 batches of 2, plus the one being predicted, at about 0.4 s
     # each: 2.4 s, rounded up (a slower clock on a busy machine: 4).
     assert asyncio.run(scenario()) in (3, 4)
+
+
+def test_with_two_workers_two_batches_are_predicted_at_once_and_each_caller_gets_its_rows():
+    both_in, release = threading.Barrier(2, timeout=10), threading.Event()
+    batches: list[list[str]] = []
+
+    def model(texts: list[str]) -> Scored:
+        batches.append(list(texts))
+        if len(batches) <= 2:
+            both_in.wait()  # the first two batches meet here: they run at the same time
+        release.wait(10)
+        return Scored("m", "7", [t.upper() for t in texts], [0.5] * len(texts))
+
+    async def scenario():
+        batcher = MicroBatcher(model, max_batch_rows=2, max_wait_s=0.0, workers=2)
+        await batcher.start()
+        try:
+            tasks = [asyncio.create_task(batcher.submit([f"r{i}"])) for i in range(6)]
+            while len(batches) < 2:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.05)
+            assert len(batches) == 2, "a third batch started while both workers were busy"
+            release.set()
+            return await asyncio.gather(*tasks)
+        finally:
+            release.set()
+            await batcher.stop()
+
+    answers = asyncio.run(scenario())
+    assert [a.predictions for a in answers] == [[f"R{i}"] for i in range(6)]
+    assert sorted(t for b in batches for t in b) == [f"r{i}" for i in range(6)]
+    assert all(len(b) <= 2 for b in batches)

@@ -100,3 +100,16 @@ def test_the_module_serves_the_champion_and_flushes_captures_when_stopped(regist
     )
     rows = [r for p in captures.glob("date=*/part-*.parquet") for r in pq.read_table(p).to_pylist()]
     assert [(r["text"], r["prediction"]) for r in rows] == [("refund please", "billing_refund")]
+
+
+def test_predict_workers_fill_the_cores_that_one_call_leaves_free(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    auto = ServingSettings()
+    assert auto.predict_workers == 0
+    assert auto.resolved_predict_workers({"OMP_NUM_THREADS": "1"}) == 4  # one torch thread a call
+    assert auto.resolved_predict_workers({"OMP_NUM_THREADS": "2"}) == 2
+    assert auto.resolved_predict_workers({}) == 1  # torch takes every core for one call
+    assert auto.resolved_predict_workers({"OMP_NUM_THREADS": "8"}) == 1
+    assert ServingSettings(predict_workers=3).resolved_predict_workers({"OMP_NUM_THREADS": "1"}) == 3
+    with pytest.raises(ServingSettingsError, match=r"predict_workers \(SPARKTUNE_SERVING_PREDICT_WORKERS\)"):
+        ServingSettings(predict_workers=-1)

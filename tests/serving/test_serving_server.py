@@ -252,7 +252,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_the_queued_requests_are_answ
             assert gate.wait(30), "the test never opened the gate"
             return self.model.predict(frame)
 
-    config = serving_config(name, max_batch_rows=1, max_wait_ms=0, max_queued_requests=2)
+    config = serving_config(name, max_batch_rows=1, max_wait_ms=0, max_queued_requests=2, predict_workers=1)
     watcher = ChampionWatcher(
         name,
         "champion",

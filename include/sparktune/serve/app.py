@@ -122,6 +122,7 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
         max_batch_rows=config.max_batch_rows,
         max_wait_s=config.max_wait_ms / 1000,
         max_queued_requests=config.max_queued_requests,
+        workers=config.resolved_predict_workers(),
     )
     capture = (
         CaptureWriter(
@@ -141,11 +142,12 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
             capture.start()
         poller = asyncio.create_task(_follow_alias(watcher, config.poll_seconds), name="sparktune-alias-poll")
         log.info(
-            "Serving %s on http://%s:%s (alias polled every %s s, captures %s)",
+            "Serving %s on http://%s:%s (alias polled every %s s, %d predict worker(s), captures %s)",
             config.model_uri,
             config.host,
             config.port,
             config.poll_seconds,
+            batcher.workers,
             capture.root_uri if capture else "off",
         )
         try:
@@ -203,6 +205,7 @@ def create_app(config: ServingSettings, *, watcher: ChampionWatcher | None = Non
                     **batcher.stats.to_summary(),
                     "queued_requests": batcher.queued_requests,
                     "max_queued_requests": batcher.max_queued_requests,
+                    "predict_workers": batcher.workers,
                 },
                 "capture": capture.stats.to_summary() if capture else None,
             },

@@ -10,8 +10,12 @@ most ``max_wait_s`` for company, and only for as many requests as recent batches
 client never waits, and clients in step are batched as soon as the last of them arrives. Each
 caller gets its own slice of the answers back through a future.
 
-One batch is predicted at a time: the model's own threads (torch intra-op) use the cores, and a
-second concurrent call would only compete with them for the cores (and for the GIL).
+By default one batch is predicted at a time: the model's own threads (torch intra-op) use the
+cores, and a second concurrent call would only compete with them for the cores (and for the GIL).
+With ``workers`` > 1, up to that many batches are predicted at once, each on its own thread: the
+way to use several cores when the model runs one torch thread per call (``OMP_NUM_THREADS=1``), as
+long as its work is matrix work that releases the GIL. A batch is collected only once a worker is
+free, so requests that arrive meanwhile still wait together for the next batch.
 
 The queue is bounded (``max_queued_requests``): when that many requests already wait for a batch,
 :meth:`MicroBatcher.submit` refuses the next one at once with :class:`QueueFull`, which carries how
@@ -142,26 +146,34 @@ class MicroBatcher:
         max_batch_rows: int = 64,
         max_wait_s: float = 0.003,
         max_queued_requests: int = 256,
+        workers: int = 1,
     ) -> None:
-        if max_queued_requests < 1:
-            raise ValueError(f"max_queued_requests must be >= 1, got {max_queued_requests}")
+        if max_queued_requests < 1 or workers < 1:
+            raise ValueError(
+                f"max_queued_requests and workers must be >= 1, got {max_queued_requests}, {workers}"
+            )
         self._predict = predict
         self.max_batch_rows = max_batch_rows
         self.max_wait_s = max_wait_s
         self.max_queued_requests = max_queued_requests
+        self.workers = workers
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Pending] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._free_workers: asyncio.Semaphore | None = None
         self._held: _Pending | None = None  # took it from the queue, but it did not fit the last batch
-        self._batch: list[_Pending] = []  # being collected or predicted
+        self._batch: list[_Pending] = []  # being collected
+        self._predicting: list[list[_Pending]] = []  # batches on a worker
+        self._tasks: set[asyncio.Task[None]] = set()
         self._accepting = False
         self._recent_batch_requests: deque[int] = deque(maxlen=RECENT_BATCHES)
         self._recent_batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
 
     async def start(self) -> None:
         self._queue = asyncio.Queue(maxsize=self.max_queued_requests)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparktune-predict")
+        self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sparktune-predict")
+        self._free_workers = asyncio.Semaphore(self.workers)
         self._runner = asyncio.create_task(self._run(), name="sparktune-micro-batcher")
         self._accepting = True
 
@@ -178,8 +190,11 @@ class MicroBatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._runner
             self._runner = None
-        waiting = [*self._batch, *([self._held] if self._held else [])]
-        self._batch, self._held = [], None
+        for task in list(self._tasks):
+            task.cancel()
+        waiting = [*self._batch, *(p for batch in self._predicting for p in batch)]
+        waiting += [self._held] if self._held else []
+        self._batch, self._predicting, self._held = [], [], None
         while self._queue is not None and not self._queue.empty():
             waiting.append(self._queue.get_nowait())
         for pending in waiting:
@@ -192,7 +207,7 @@ class MicroBatcher:
     def _has_work(self) -> bool:
         queued = self._queue is not None and not self._queue.empty()
         running = self._runner is not None and not self._runner.done()
-        return running and bool(self._batch or self._held or queued)
+        return running and bool(self._batch or self._predicting or self._held or queued)
 
     async def submit(self, texts: Sequence[str]) -> Scored:
         """Answers for ``texts`` (in order), from whichever batch they were predicted in."""
@@ -213,23 +228,39 @@ class MicroBatcher:
 
     def retry_after_s(self) -> int:
         """Whole seconds (at least 1) the waiting requests should take: the batches they make, plus
-        the one being predicted, at the recent batches' mean predict time."""
+        the one being predicted, over the workers, at the recent batches' mean predict time."""
         if not self._recent_batch_seconds:
             return 1
         per_batch = sum(self._recent_batch_seconds) / len(self._recent_batch_seconds)
         rows_per_request = self.stats.rows / self.stats.requests if self.stats.requests else 1.0
         batches = math.ceil(self.queued_requests * rows_per_request / self.max_batch_rows) + 1
-        return max(1, math.ceil(batches * per_batch))
+        return max(1, math.ceil(math.ceil(batches / self.workers) * per_batch))
 
     async def _run(self) -> None:
-        assert self._queue is not None
+        """Collect a batch once a worker is free, hand it to the worker, collect the next."""
+        assert self._queue is not None and self._free_workers is not None
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect(loop)
+            await self._free_workers.acquire()
+            try:
+                batch = await self._collect(loop)
+            except BaseException:
+                self._free_workers.release()
+                raise
             batch = [p for p in batch if not p.answer.done()]  # callers that went away
-            self._batch = batch
+            self._batch = []
             if not batch:
+                self._free_workers.release()
                 continue
+            self._predicting.append(batch)
+            task = asyncio.create_task(self._predict_batch(loop, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _predict_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending]) -> None:
+        """One ``predict`` call on a worker thread; each caller gets its slice of the answers."""
+        assert self._free_workers is not None
+        try:
             texts = [text for pending in batch for text in pending.texts]
             began = loop.time()
             try:
@@ -239,8 +270,7 @@ class MicroBatcher:
                 for pending in batch:
                     if not pending.answer.done():
                         pending.answer.set_exception(exc)
-                self._batch = []
-                continue
+                return
             self._recent_batch_seconds.append(loop.time() - began)
             self._record(len(texts), len(batch))
             start = 0
@@ -256,7 +286,10 @@ class MicroBatcher:
                         )
                     )
                 start = end
-            self._batch = []
+        finally:
+            with contextlib.suppress(ValueError):  # stop() may have let go of it already
+                self._predicting.remove(batch)
+            self._free_workers.release()
 
     async def _collect(self, loop: asyncio.AbstractEventLoop) -> list[_Pending]:
         """The next batch: the first request, then others until the batch is full or the wait is over."""

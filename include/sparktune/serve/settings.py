@@ -43,6 +43,9 @@ class ServingSettings:
     # Requests waiting for a batch at most (four full batches of one-text requests); one more is
     # answered 503 with Retry-After at once instead of queueing without limit.
     max_queued_requests: int = 256
+    # Batches predicted at once, each on its own thread; 0: as many as fill the cores, the cores over
+    # the torch threads a call uses (OMP_NUM_THREADS, else all cores: then 1).
+    predict_workers: int = 0
     max_rows_per_request: int = 256
     max_text_chars: int = 8192
     max_body_bytes: int = 4 * 1024 * 1024
@@ -74,6 +77,11 @@ class ServingSettings:
         for name in positive:
             if getattr(self, name) <= 0:
                 problems.append(f"{name} ({env_name(name)}) must be > 0, got {getattr(self, name)!r}")
+        if self.predict_workers < 0:
+            name = env_name("predict_workers")
+            problems.append(
+                f"predict_workers ({name}) must be >= 0 (0: one per core), got {self.predict_workers!r}"
+            )
         if self.max_wait_ms < 0:
             problems.append(f"max_wait_ms ({env_name('max_wait_ms')}) must be >= 0, got {self.max_wait_ms!r}")
         if not 0 < self.port < 65536:
@@ -87,6 +95,17 @@ class ServingSettings:
     @property
     def model_uri(self) -> str:
         return f"models:/{self.model_name}@{self.alias}"
+
+    def resolved_predict_workers(self, environ: Mapping[str, str] | None = None) -> int:
+        """``predict_workers``, or for 0 the cores over the torch threads one call uses: with
+        ``OMP_NUM_THREADS=1`` a batch runs on one core, and as many batches at once fill the cores."""
+        if self.predict_workers:
+            return self.predict_workers
+        environ = os.environ if environ is None else environ
+        cores = os.cpu_count() or 1
+        raw = environ.get("OMP_NUM_THREADS", "").strip()
+        threads = int(raw) if raw.isdigit() and int(raw) > 0 else cores
+        return max(1, cores // threads)
 
     def resolved_tracking_uri(self) -> str:
         return self.tracking_uri or settings().mlflow_tracking_uri
