@@ -102,7 +102,10 @@ def _load_mlflow_model(model_uri: str, trust_remote_code: bool) -> tuple[Any, An
     if "transformers" in flavors:
         components = mlflow.transformers.load_model(str(downloaded), return_type="components")
         return None, components["model"], components["tokenizer"]
-    pyfunc = mlflow.pyfunc.load_model(str(downloaded))
+    # suppress_warnings skips MLflow's requirements check, which maps every installed distribution's
+    # files to its modules (2 s a load, in every Spark worker and server start) only to warn; the
+    # model's pinned requirements are in its folder for whoever installs it elsewhere.
+    pyfunc = mlflow.pyfunc.load_model(str(downloaded), suppress_warnings=True)
     inner = pyfunc.unwrap_python_model()
     if not hasattr(inner, "spec"):
         raise EvaluationInputError(
