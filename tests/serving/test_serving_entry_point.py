@@ -104,8 +104,8 @@ def test_the_module_serves_the_champion_and_flushes_captures_when_stopped(regist
 
 def test_predict_workers_fill_the_cores_that_one_call_leaves_free(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
-    auto = ServingSettings()
-    assert auto.predict_workers == 0
+    assert ServingSettings().predict_workers == 1
+    auto = ServingSettings(predict_workers=0)
     assert auto.resolved_predict_workers({"OMP_NUM_THREADS": "1"}) == 4  # one torch thread a call
     assert auto.resolved_predict_workers({"OMP_NUM_THREADS": "2"}) == 2
     assert auto.resolved_predict_workers({}) == 1  # torch takes every core for one call

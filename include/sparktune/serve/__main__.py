@@ -40,7 +40,7 @@ def build_parser(defaults: ServingSettings) -> argparse.ArgumentParser:
     add("--max-wait-ms", "max_wait_ms", float, "how long a batch waits for more requests")
     add("--max-length-ratio", "max_length_ratio", float, "longest/shortest text in one predict call")
     add("--max-queued-requests", "max_queued_requests", int, "requests waiting at most; more get a 503")
-    add("--predict-workers", "predict_workers", int, "batches predicted at once; 0: fill the cores")
+    add("--predict-workers", "predict_workers", int, "batches predicted at once; 0: one per free core")
     add("--max-rows-per-request", "max_rows_per_request", int, "texts one request may hold")
     add("--max-text-chars", "max_text_chars", int, "characters one text may have")
     add("--max-body-bytes", "max_body_bytes", int, "request body size limit")

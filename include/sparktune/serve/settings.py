@@ -44,8 +44,9 @@ class ServingSettings:
     # answered 503 with Retry-After at once instead of queueing without limit.
     max_queued_requests: int = 256
     # Batches predicted at once, each on its own thread; 0: as many as fill the cores, the cores over
-    # the torch threads a call uses (OMP_NUM_THREADS, else all cores: then 1).
-    predict_workers: int = 0
+    # the torch threads a call uses (OMP_NUM_THREADS, else all cores: then 1). One by default: on
+    # this 2-core machine one batch of 8 beat two of 4 on both models (bench-serve, docs/benchmarks.md).
+    predict_workers: int = 1
     max_rows_per_request: int = 256
     max_text_chars: int = 8192
     max_body_bytes: int = 4 * 1024 * 1024
