@@ -38,6 +38,7 @@ from sparktune.data.quality_gx import (
     run_batch,
     run_folder,
     run_identifier,
+    update_data_docs,
 )
 from sparktune.data.quality_report import (
     QualityIssue,
@@ -94,7 +95,7 @@ class _Outcome:
     issues: list[QualityIssue]
     evaluated: int
     statistics: dict[str, Any]
-    pages: dict[str, str]
+    results: dict[str, Any]  # batch -> GX's key of its validation result (its Data Docs page)
     severities: dict[str, str]
 
 
@@ -211,8 +212,11 @@ def validate_prepared(
 
 
 def _report(context: AbstractDataContext, outcomes: list[_Outcome], *, primary: str) -> QualityReport:
+    """The gate's report, after one Data Docs build for every batch it validated."""
+    results = {batch: key for outcome in outcomes for batch, key in outcome.results.items()}
+    update_data_docs(context, list(results.values()))
+    pages = {batch: page_url(context, key) for batch, key in results.items()}
     issues = [issue for outcome in outcomes for issue in outcome.issues]
-    pages = {batch: url for outcome in outcomes for batch, url in outcome.pages.items()}
     evaluated = sum(outcome.evaluated for outcome in outcomes)
     failures = [issue.message for issue in issues if issue.severity == ERROR]
     warnings = [issue.message for issue in issues if issue.severity == WARNING]
@@ -323,7 +327,7 @@ def _validate_raw(
         issues=issues,
         evaluated=len(result.results) + len(missing),
         statistics=statistics,
-        pages={RAW_INPUT: page_url(context, key)},
+        results={RAW_INPUT: key},
         severities={issue.rule: issue.severity for issue in issues} | {r.name: r.severity for r in gx_rules},
     )
 
@@ -404,7 +408,7 @@ def _validate_prepared(
         issues=issues,
         evaluated=evaluated,
         statistics=statistics,
-        pages={batch: page_url(context, key) for batch, (key, _) in results.items()},
+        results={batch: key for batch, (key, _) in results.items()},
         severities={rule.name: rule.severity for rule in rules},
     )
 

@@ -1,6 +1,6 @@
 """Great Expectations plumbing of the data-quality gate: the file context under ``gx_root``, one
-checkpoint per validated batch (suite, validation definition, Data Docs update) and the Data Docs
-pages of its results.
+checkpoint per validated batch (suite, validation definition), one Data Docs build for all of a
+gate's results, and the Data Docs pages of its results.
 """
 
 from __future__ import annotations
@@ -159,14 +159,20 @@ def _checkpoint(
             "partial_unexpected_count": EXAMPLES_PER_FAILURE,
             "unexpected_index_column_names": _INDEX_COLUMNS[batch],
         }
+    # No UpdateDataDocsAction: each would rebuild the index (up to DATA_DOCS_RESULTS_LIMIT results)
+    # after its own batch; the gate builds Data Docs once for all its batches (update_data_docs).
     checkpoint = gx.Checkpoint(
-        name=checkpoint_name,
-        validation_definitions=[definition],
-        actions=[gx.checkpoint.UpdateDataDocsAction(name="update_data_docs", site_names=[DATA_DOCS_SITE])],
-        result_format=result_format,
+        name=checkpoint_name, validation_definitions=[definition], actions=[], result_format=result_format
     )
     # Cascades: stores (or overwrites) the suite and validation definition by name too.
     return context.checkpoints.add_or_update(checkpoint)
+
+
+def update_data_docs(context: AbstractDataContext, keys: list[Any]) -> None:
+    """One Data Docs build for these validation results: their pages, their suites' pages and the
+    index (what GX's ``UpdateDataDocsAction`` builds after each checkpoint, once for all of them)."""
+    resources = [resource for key in keys for resource in (key, key.expectation_suite_identifier)]
+    context.build_data_docs(site_names=[DATA_DOCS_SITE], resource_identifiers=resources, build_index=True)
 
 
 def page_url(context: AbstractDataContext, key: Any) -> str:
