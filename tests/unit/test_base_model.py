@@ -175,6 +175,24 @@ def test_ensure_builds_the_tiny_model_once(tmp_path, monkeypatch):
     assert len(built) == 2
 
 
+def test_a_built_model_leaves_its_token_counter_for_the_preparation_jobs(tmp_path, monkeypatch):
+    """The build caches what a prepare job's driver would import transformers to build: the job
+    then reads the entry back (no second one is written) and counts the tokens transformers does."""
+    import pandas as pd
+    from sparktune.data.prepare_tokens import _backend_from_json, backend_spec, count_tokens
+    from transformers import AutoTokenizer
+
+    _small_builds(monkeypatch)
+    path = ensure_base_model(TINY_BASE_MODEL)
+    cache = tmp_path / "home" / "cache" / "tokenizers"
+    [entry] = cache.glob("*.json")
+    spec = backend_spec(path)
+    assert list(cache.glob("*.json")) == [entry]
+    texts = pd.Series([ROUND_TRIP_PROBE, "my card was charged twice"])
+    want = [len(AutoTokenizer.from_pretrained(path)(text)["input_ids"]) for text in texts]
+    assert [int(n) for n in count_tokens(_backend_from_json(spec), texts)] == want
+
+
 # One builder of the built-in model in a process of its own: its build writes ``building-<pid>`` into
 # the gate folder, then waits there until the test creates ``release``. filelock's DEBUG log on
 # stderr says when the lock it wants is held by someone else ("... not acquired on ..., waiting").

@@ -299,6 +299,23 @@ def _build_builtin(target: Path) -> None:
         if (target / "config.json").is_file():
             return
         build_tiny_base_model(target, demo_corpus(TINY_CORPUS_TEXTS, TINY_CORPUS_SEED), seed=TINY_MODEL_SEED)
+        cache_token_counter(target)
+
+
+def cache_token_counter(folder: Path) -> None:
+    """Keep the token counter of a base model just built in this home's cache, where every
+    preparation job reads it (:func:`sparktune.data.prepare_tokens.backend_spec`).
+
+    The process that built the model has transformers imported; without the entry, the first
+    preparation job on the model imports it on its driver (about 5 s) to build the same JSON.
+    A failure only leaves that to the job.
+    """
+    from sparktune.data.prepare_tokens import backend_spec
+
+    try:
+        backend_spec(str(folder))
+    except Exception as exc:  # noqa: BLE001 (see the docstring)
+        log.warning("token counter of %s not cached (the first preparation job builds it): %s", folder, exc)
 
 
 def _looks_like_path(value: str) -> bool:
@@ -341,6 +358,7 @@ def _ensure_packaged(name: str, models_dir: Path | None) -> str:
     with FileLock(str(target.with_name(target.name + ".lock"))):
         if not current():
             build_packaged_model(model, target)
+            cache_token_counter(target)
     return str(target)
 
 
@@ -361,6 +379,7 @@ def _ensure_gguf(path: Path, models_dir: Path | None) -> str:
     with FileLock(str(target.with_name(target.name + ".lock"))):
         if not (target / "config.json").is_file():
             convert_gguf(path, target, record={"source_path": str(path)})
+            cache_token_counter(target)
     return str(target)
 
 
