@@ -39,7 +39,7 @@ help:
 	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512, tiny model and SmolLM2 (BENCH_TRAIN_STEPS=40, BENCH_TRAIN_SMOLLM2_STEPS=3)"
 	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=3000)"
 	@echo "make bench-inference-scale  batch_inference over 500k and 5M rows on local[2]: rows/s, peak RSS per process (BENCH_SCALE_ROWS=5000000)"
-	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve at concurrency 1, 8, 32 (BENCH_SERVE_REQUESTS=400)"
+	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve: tiny model at concurrency 1, 8, 32, SmolLM2-135M at 1, 8 (BENCH_SERVE_MODELS, BENCH_SERVE_REQUESTS=400, BENCH_SERVE_SMOLLM2_REQUESTS=32)"
 	@echo "make bench-quality   accuracy and macro F1 of tiny-llama, SmolLM2-135M and MiniLM vs TF-IDF on a helpdesk CSV and texts in other words (BENCH_QUALITY_MODELS=tiny-llama: ~4 min)"
 	@echo "make gpu-check       LoRA (bf16), QLoRA (4-bit) and full training + label scoring on a CUDA GPU: tokens/s, peak memory, merge/reload (GPU_CHECK_ARGS=--dry-run: tiny, any device)"
 
