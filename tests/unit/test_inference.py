@@ -150,6 +150,22 @@ def _mixed_length_texts(rows):
     ]
 
 
+def test_a_loaded_model_is_left_out_of_later_garbage_collections(model_ref, monkeypatch):
+    """PySpark runs a full collection after every task of a reused Python worker: what loading the
+    model left alive (the model, the libraries) is frozen out of those collections."""
+    import gc
+
+    from sparktune.serve import inference
+
+    monkeypatch.setattr(inference, "_MODEL_CACHE", {})
+    gc.unfreeze()
+    loaded = inference.load_cached(model_ref)
+    assert gc.get_freeze_count() > 0
+    frozen = gc.get_freeze_count()
+    assert inference.load_cached(model_ref) is loaded
+    assert gc.get_freeze_count() == frozen  # once per process and model
+
+
 def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypatch):
     """One pass over the prompts + one over the candidates (KV cache reused) = completion_loss."""
     import sparktune.core.label_scoring
@@ -175,12 +191,13 @@ def test_shared_prompt_scoring_matches_completion_loss(model_ref, rows, monkeypa
         assert again[1] == pytest.approx(scores, abs=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["one_row", "one_row_eager", "repeated_rows"])
+@pytest.mark.parametrize("layout", ["one_row", "one_row_by_length", "one_row_eager", "repeated_rows"])
 @pytest.mark.parametrize("start", ["shared_start", "no_shared_start"])
 def test_cached_passes_match_one_forward_per_candidate(model_ref, monkeypatch, layout, start):
     """The three cached passes give each tail's log-likelihood as one plain forward over prompt +
     tail does: prompts of different lengths with and without a common start, tails of one to four
-    tokens (a candidate's tokens see only their own candidate), all of a prompt's candidates in one
+    tokens, distinct or sharing their first tokens (a candidate's tokens see only its own and those
+    it shares with others), all of a prompt's candidates in one
     row (sdpa's boolean mask, eager attention's additive one) or the cache repeated per candidate
     (attention that takes no custom mask)."""
     import random
@@ -194,13 +211,21 @@ def test_cached_passes_match_one_forward_per_candidate(model_ref, monkeypatch, l
     model = loaded.model
     if layout == "repeated_rows":
         monkeypatch.setattr(sparktune.core.label_scoring, "_CUSTOM_MASK_ATTENTION", ())
+    if layout == "one_row_by_length":  # free calls: a group per length, each over its copy of the cache
+        monkeypatch.setattr(sparktune.core.label_scoring, "_call_cost_in_tokens", lambda model: 0.0)
     rng = random.Random(5)
     vocab = model.config.vocab_size
     common = [rng.randrange(5, vocab) for _ in range(6)] if start == "shared_start" else []
     prompts = [common + [rng.randrange(5, vocab) for _ in range(n)] for n in (1, 9, 4, 17)]
     if start == "no_shared_start":
         prompts = [[5 + i] + ids for i, ids in enumerate(prompts)]  # no two start alike
-    tails = [[rng.randrange(5, vocab) for _ in range(n)] for _ in prompts for n in (1, 3, 2, 4)]
+    token = lambda: rng.randrange(5, vocab)  # noqa: E731
+    tails = [[token() for _ in range(n)] for _ in prompts[:2] for n in (1, 3, 2, 4)]
+    # Candidates that share tokens: all four start alike (run once, with the prompt), and some go on
+    # alike (one slot for both); then a candidate that is all of another's start.
+    c, a, b, d, e, f = (token() for _ in range(6))
+    tails += [[c, a], [c, b, d], [c, b, e, f], [c, b, e]]
+    tails += [[c], [c, a], [c, b, d, e], [c, b, d]]
     if layout == "one_row_eager":
         model.set_attn_implementation("eager")
     try:
@@ -215,6 +240,15 @@ def test_cached_passes_match_one_forward_per_candidate(model_ref, monkeypatch, l
             log_probs = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1)
             expected.append(float(log_probs.gather(1, torch.tensor(tail)[:, None]).sum()))
     assert found.tolist() == pytest.approx(expected, abs=1e-3)
+
+
+def test_length_groups_trade_padding_against_calls():
+    from sparktune.core.label_scoring import _length_groups
+
+    assert _length_groups([3, 3, 3, 20], call_cost=0.0) == [(0, 3), (3, 4)]
+    assert _length_groups([3, 3, 3, 20], call_cost=100.0) == [(0, 4)]
+    assert _length_groups([5, 6, 7], call_cost=0.0) == [(0, 1), (1, 2), (2, 3)]
+    assert _length_groups([4], call_cost=1.0) == [(0, 1)]
 
 
 def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(model_ref, rows, monkeypatch):

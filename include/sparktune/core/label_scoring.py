@@ -280,11 +280,15 @@ def _shared_prompt_log_likelihood(
 
     1. the tokens every prompt of the batch starts with (a chat template's system turn and
        instructions, often most of a prompt), once, in one row;
-    2. the rest of each prompt, left-padded after that shared start, whose last position's logits
-       give every candidate's first token;
-    3. each candidate's tail but its last token, all of a prompt's candidates in one row over the
-       cache of 1 and 2 (:func:`_tails_in_one_row`), whose logits give the tails' other tokens.
+    2. the rest of each prompt and the tokens all of its candidates start with (a chat template's
+       newline before the answer), left-padded after that shared start; its last positions' logits
+       give those common tokens and every candidate's first token of its own;
+    3. the candidates' other tokens as a prefix tree, one row per prompt over the cache of 1 and 2
+       (:func:`_tails_in_one_row`): a token that several candidates reach by the same tokens is
+       run once.
 
+    Passes 2 and 3 run per group of prompts of similar lengths (:func:`_length_groups`), each
+    over its own copy of pass 1's cache, so short prompts do not pay a long one's padding.
     Position ids count each prompt's own tokens and the attention mask hides the padding, so
     padding never reaches a real token. (Without a shared start, a left-padding row of pass 2
     attends to nothing: torch's attention gives it zeros, eager attention a uniform average, and
@@ -292,22 +296,80 @@ def _shared_prompt_log_likelihood(
     """
     import torch
 
+    with torch.inference_mode():  # also lets pass 1's cache be copied per group (no autograd graph)
+        return _cached_passes(model, prompts, tails, pad_id)
+
+
+def _cached_passes(model: Any, prompts: list[list[int]], tails: list[list[int]], pad_id: int | None) -> Any:
+    import copy
+
+    import torch
+
     n_prompts = len(prompts)
     per_prompt = len(tails) // n_prompts
-    pad = 0 if pad_id is None else int(pad_id)
+    groups = [tails[p * per_prompt : (p + 1) * per_prompt] for p in range(n_prompts)]
+    # Every candidate keeps at least one token of its own, read from pass 2's last position.
+    common = [min(_common_prefix_length(group), min(len(tail) for tail in group) - 1) for group in groups]
+    extended = [ids + group[0][:k] for ids, group, k in zip(prompts, groups, common, strict=True)]
     # Every prompt keeps at least one token of its own for pass 2, whose logits are read.
     shared = min(_common_prefix_length(prompts), min(len(ids) for ids in prompts) - 1)
-    rest_width = max(len(ids) for ids in prompts) - shared
-    rests = [ids[shared:] for ids in prompts]
-    keep_one = {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    longest = max(len(ids) for ids in extended) + max(len(tail) for tail in tails)
+    keeps_logits = _keeps_logits(model)
     cache = None
     if shared:
         cache = model(
-            input_ids=torch.tensor([prompts[0][:shared]]), use_cache=True, **keep_one
+            input_ids=torch.tensor([prompts[0][:shared]]),
+            use_cache=True,
+            **({"logits_to_keep": 1} if keeps_logits else {}),
         ).past_key_values
-        if not _cache_reusable(cache, shared + rest_width + max(len(tail) for tail in tails)):
+        if not _cache_reusable(cache, longest):
             return None
+    order = sorted(range(n_prompts), key=lambda p: len(extended[p]))
+    spans = _length_groups([len(extended[p]) - shared for p in order], _call_cost_in_tokens(model))
+    found = torch.zeros((n_prompts, per_prompt), dtype=torch.float64)
+    for number, (begin, end) in enumerate(spans):
+        members = order[begin:end]
+        group_cache = cache if cache is None or number == len(spans) - 1 else copy.deepcopy(cache)
+        sums = _rest_log_likelihood(
+            model,
+            group_cache,
+            shared,
+            [extended[p] for p in members],
+            [(groups[p][0][: common[p]], [tail[common[p] :] for tail in groups[p]]) for p in members],
+            0 if pad_id is None else int(pad_id),
+            keeps_logits,
+            longest,
+        )
+        if sums is None:
+            return None
+        found[members] = sums.view(len(members), per_prompt)
+    return found.view(-1)
+
+
+def _rest_log_likelihood(
+    model: Any,
+    cache: Any,
+    shared: int,
+    prompts: list[list[int]],
+    candidates: list[tuple[list[int], list[list[int]]]],
+    pad: int,
+    keeps_logits: bool,
+    longest: int,
+) -> Any:
+    """Passes 2 and 3 of :func:`_shared_prompt_log_likelihood` for some prompts, after ``cache``
+    (pass 1's, over ``shared`` tokens, or None): per prompt, the tokens its candidates all start
+    with (already at the end of its ids) and each candidate's tokens after them. Returns a float64
+    tensor, one per candidate, prompt-major, or None when the cache cannot be reused."""
+    import torch
+
+    n_prompts = len(prompts)
+    if cache is not None:
         cache.batch_repeat_interleave(n_prompts)
+    per_prompt = len(candidates[0][1])
+    tails = [tail for _, own in candidates for tail in own]
+    keep = max(len(common) for common, _ in candidates) + 1
+    rests = [ids[shared:] for ids in prompts]
+    rest_width = max(len(rest) for rest in rests)
     inputs = torch.tensor([[pad] * (rest_width - len(rest)) + rest for rest in rests])
     rest_mask = torch.tensor([[0] * (rest_width - len(rest)) + [1] * len(rest) for rest in rests])
     prompt_mask = torch.cat([torch.ones((n_prompts, shared), dtype=torch.long), rest_mask], dim=1)
@@ -318,23 +380,59 @@ def _shared_prompt_log_likelihood(
         position_ids=positions,
         past_key_values=cache,
         use_cache=True,
-        **keep_one,
+        **({"logits_to_keep": keep} if keeps_logits else {}),
     )
     cache = out.past_key_values
-    if not shared and not _cache_reusable(cache, rest_width + max(len(tail) for tail in tails)):
+    if not shared and not _cache_reusable(cache, longest):
         return None
-    first_log_probs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+    log_probs = torch.log_softmax(out.logits[:, -keep:].float(), dim=-1)
     firsts = torch.tensor([tail[0] for tail in tails])
-    totals = first_log_probs.repeat_interleave(per_prompt, dim=0).gather(1, firsts[:, None])[:, 0].double()
-    width = max(len(tail) for tail in tails) - 1
-    if width == 0:
+    totals = log_probs[:, -1].repeat_interleave(per_prompt, dim=0).gather(1, firsts[:, None])[:, 0].double()
+    if keep > 1:  # the common tokens: position keep - 1 - k + j of the kept ones predicts the j-th
+        reads = [
+            (p, keep - 1 - len(common) + j, token)
+            for p, (common, _) in enumerate(candidates)
+            for j, token in enumerate(common)
+        ]
+        rows, steps, targets = (torch.tensor(x) for x in zip(*reads, strict=True))
+        common_sums = torch.zeros(n_prompts, dtype=torch.float64)
+        common_sums.index_add_(0, rows, log_probs[rows, steps, targets].double())
+        totals += common_sums.repeat_interleave(per_prompt)
+    if max(len(tail) for tail in tails) == 1:
         return totals
     lengths = [len(ids) for ids in prompts]
     if getattr(model.config, "_attn_implementation", None) in _CUSTOM_MASK_ATTENTION:
-        rests = _tails_in_one_row(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
+        others = _tails_in_one_row(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
     else:
-        rests = _tails_in_repeated_rows(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
-    return totals + rests
+        others = _tails_in_repeated_rows(model, cache, prompt_mask, lengths, tails, per_prompt, pad)
+    return totals + others
+
+
+def _call_cost_in_tokens(model: Any) -> float:
+    """What one more group costs per forward call, in tokens of matrix work: the Python of a call
+    (about 0.2 ms a layer) against a token's matrix work in a layer (about 24 x hidden_size**2 flops
+    at some 30 GFLOP/s), and never under 16 tokens, which smaller matrices cost on SmolLM2 (576
+    wide: 16 gave its best rows/s; the 64-wide test model: about 60)."""
+    hidden = int(getattr(model.config, "hidden_size", 0) or 0)
+    return max(16.0, 2.5e5 / hidden**2) if hidden else 16.0
+
+
+def _length_groups(lengths: list[int], call_cost: float) -> list[tuple[int, int]]:
+    """``[begin, end)`` spans of ``lengths`` (ascending) whose left-padded passes cost least: a
+    group costs its size times its longest, plus two forward calls (``call_cost`` tokens each)."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        for begin in range(end):
+            cost = best[begin] + 2 * call_cost + (end - begin) * lengths[end - 1]
+            if cost < best[end]:
+                best[end], cut[end] = cost, begin
+    spans = []
+    while n:
+        spans.append((cut[n], n))
+        n = cut[n]
+    return spans[::-1]
 
 
 # Attention implementations that take a custom 4D mask as given (transformers' masking_utils).
@@ -351,41 +449,67 @@ def _tails_in_one_row(
     pad: int,
 ) -> Any:
     """Summed log-probability of ``tail[1:]`` for every tail, all of a prompt's candidates in one
-    row after its cache: candidate after candidate, each token attending to the prompt and to the
-    tokens of its own candidate before it (a 4D mask), at the positions it would have after the
-    prompt alone. One row per prompt, so the cache is read as it is, never copied per candidate."""
+    row after its cache, as a prefix tree: a slot per distinct ``tail[: d + 1]`` (``d`` below the
+    tail's last token), holding its token ``tail[d]`` at the position it would have after the
+    prompt alone, attending to the prompt and to its own ancestors (a 4D mask). Its logits give
+    ``tail[d + 1]`` of every candidate through it. One row per prompt, so the cache is read as it
+    is, never copied per candidate."""
     import torch
 
     n_prompts, past = prompt_mask.shape
-    rows = [tails[p * per_prompt : (p + 1) * per_prompt] for p in range(n_prompts)]
-    width = max(sum(len(tail) - 1 for tail in row) for row in rows)
+    # Per prompt: its slots' tokens, positions and what each slot sees among the slots.
+    row_ids: list[list[int]] = []
+    row_steps: list[list[int]] = []
+    row_sees: list[list[list[bool]]] = []
+    reads: list[tuple[int, int, int, int]] = []  # (prompt, slot, next token, candidate)
+    for p, length in enumerate(lengths):
+        slots: dict[tuple[int, ...], int] = {}
+        ids: list[int] = []
+        steps: list[int] = []
+        sees: list[list[int]] = []  # each slot's ancestors and itself
+        for c in range(p * per_prompt, (p + 1) * per_prompt):
+            tail = tails[c]
+            for d in range(len(tail) - 1):
+                key = tuple(tail[: d + 1])
+                slot = slots.get(key)
+                if slot is None:
+                    slot = slots[key] = len(ids)
+                    ids.append(tail[d])
+                    steps.append(length + d)
+                    sees.append((sees[slots[key[:-1]]] if d else []) + [slot])
+                reads.append((p, slot, tail[d + 1], c))
+        row_ids.append(ids)
+        row_steps.append(steps)
+        row_sees.append(sees)
+    width = max(len(ids) for ids in row_ids)
     # Built as lists, then one tensor each: a tensor per slot costs more than the tiny model's pass.
-    inputs, targets, positions, owner = [], [], [], []  # owner: which candidate a slot holds, -1 none
-    for length, row in zip(lengths, rows, strict=True):
-        ids = [token for tail in row for token in tail[:-1]]
-        nexts = [token for tail in row for token in tail[1:]]
-        steps = [length + j for tail in row for j in range(len(tail) - 1)]
-        whose = [c for c, tail in enumerate(row) for _ in range(len(tail) - 1)]
+    inputs, positions, own = [], [], []
+    for length, ids, steps, sees in zip(lengths, row_ids, row_steps, row_sees, strict=True):
         padding = width - len(ids)
         inputs.append(ids + [pad] * padding)
-        targets.append(nexts + [0] * padding)
         positions.append(steps + [length] * padding)
-        owner.append(whose + [-1] * padding)
-    inputs, targets, positions, owner = (torch.tensor(x) for x in (inputs, targets, positions, owner))
-    slots = torch.arange(width)
-    # A slot sees the slots of its own candidate up to itself (padding slots: themselves alone).
-    same = (owner[:, :, None] == owner[:, None, :]) & (owner[:, :, None] >= 0)
-    own = (same | torch.eye(width, dtype=torch.bool)[None]) & (slots[None, :, None] >= slots[None, None, :])
+        visible = [[False] * width for _ in range(width)]
+        for slot, seen in enumerate(sees):
+            for other in seen:
+                visible[slot][other] = True
+        for slot in range(len(ids), width):  # a padding slot sees itself alone
+            visible[slot][slot] = True
+        own.append(visible)
+    inputs, positions, own = torch.tensor(inputs), torch.tensor(positions), torch.tensor(own)
     seen = torch.cat([prompt_mask.bool()[:, None, :].expand(n_prompts, width, past), own], dim=2)
     mask = seen[:, None]  # sdpa: True attends, in whatever dtype the attention computes
     if model.config._attn_implementation == "eager":  # eager adds the mask to its scores
         mask = torch.zeros(mask.shape).masked_fill_(~mask, torch.finfo(torch.float32).min)
-    token_log_probs = _target_log_probs(model, targets, inputs, mask, positions, cache)
-    token_log_probs = token_log_probs.double().masked_fill(owner < 0, 0.0)
-    # Sum each candidate's slots: scatter into (prompt, candidate).
-    sums = torch.zeros((n_prompts, per_prompt), dtype=torch.float64)
-    sums.scatter_add_(1, owner.clamp(min=0), token_log_probs)
-    return sums.view(-1)
+    logits = model(
+        input_ids=inputs, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits.float()
+    prompt_of, slot_of, next_token, candidate = (torch.tensor(x) for x in zip(*reads, strict=True))
+    # log p = logit - logsumexp over the vocabulary, without a second (prompts, slots, vocab) tensor.
+    token_log_probs = (
+        logits[prompt_of, slot_of, next_token] - torch.logsumexp(logits, dim=-1)[prompt_of, slot_of]
+    )
+    sums = torch.zeros(n_prompts * per_prompt, dtype=torch.float64)
+    return sums.index_add_(0, candidate, token_log_probs.double())
 
 
 def _tails_in_repeated_rows(
