@@ -5,9 +5,10 @@ on the tiny LLaMA and on SmolLM2-135M-Instruct.
     BENCH_INFERENCE_ROWS=10000 BENCH_INFERENCE_SMOLLM2_ROWS=0 make bench-inference   # the tiny row alone
     python benchmarks/bench_inference.py --rows 1000 --smollm2-rows 480 --repeats 3
 
-Same Spark session (``local[2]``), same rows (the tests' trivially learnable intent texts, so the
+Same Spark master (``local[2]``), same rows (the tests' trivially learnable intent texts, so the
 model's answers mean something), same partitions and same model for both methods, run one after
-the other in this one process, model by model:
+the other in this one process, model by model, each run in a Spark session (and Python workers)
+of its own:
 
 - ``seed_pipeline``: the seed recipe: inside each partition call, a transformers
   ``pipeline("text-generation")`` is built from the model folder and generates the label
@@ -28,10 +29,12 @@ downloaded once on the driver, as the DAG does, before any clock starts:
   texts in its own chat template (``bench-intent-smollm2``; built once per scoring code, a few
   minutes, see ``bench_common.smollm2_champion``).
 
-The input rows are cached in the JVM and counted before any clock, and a warm-up job has every
-Python worker import what either method imports once per worker (torch, transformers' LLaMA
-classes and ``pipeline``, MLflow's pyfunc loader and the project's scoring): Spark reuses its
-Python workers between jobs, so neither clock holds imports a long-lived worker pays once.
+In each session the input rows are cached in the JVM and counted before any clock, and a warm-up
+job has every Python worker import what either method imports once per worker (torch,
+transformers' LLaMA classes and ``pipeline``, MLflow's pyfunc loader and the project's scoring):
+Spark reuses its Python workers between jobs, so neither clock holds imports a long-lived worker
+pays once, and neither method runs in workers the other has left its model (or a frozen garbage
+collector) in.
 
 The clock covers one Spark action per method: a ``noop`` write of every output row, with an
 ``Observation`` counting rows and right answers on the way (no rows come back to the driver).
@@ -182,38 +185,54 @@ def _timed(frame: Any, method: str, labels: tuple[str, ...]) -> tuple[float, int
     return seconds, int(metrics["rows"]), int(metrics["right"] or 0)
 
 
+def _spark(master: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName("bench-inference")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executorEnv.OMP_NUM_THREADS", "1")
+        .getOrCreate()
+    )
+
+
 def _bench_model(
-    spark: Any, model: str, ref: Any, tiny_model: Any, rows: int, partitions: int, repeats: int
+    master: str, model: str, ref: Any, tiny_model: Any, rows: int, partitions: int, repeats: int
 ) -> list[dict[str, Any]]:
-    """Both methods on ``rows`` generated texts scored by ``ref``, alternated ``repeats`` times:
-    one result per method (the median run), the seed's first."""
+    """Both methods on ``rows`` generated texts scored by ``ref``, alternated ``repeats`` times,
+    each run in a Spark session of its own: one result per method (the median run), the seed's first.
+
+    A session of its own per run: Spark keeps its Python workers between jobs, and what one method
+    leaves in them (a loaded model, a frozen garbage collector) would change the other's time."""
     from sparktune.serve.inference import score_dataframe
     from transformers import AutoTokenizer
 
-    texts = tiny_model.make_rows(rows, 21)
-    data = spark.createDataFrame([(r["example_id"], r["text"]) for r in texts], "id string, text string")
-    data = data.repartition(partitions).cache()
-    data.count()
-    _warm_workers(data)
+    texts = [(r["example_id"], r["text"]) for r in tiny_model.make_rows(rows, 21)]
     tokenizer = AutoTokenizer.from_pretrained(_model_folder(ref))
     max_new_tokens = (
         max(len(tokenizer(f" {x}", add_special_tokens=False)["input_ids"]) for x in ref.labels) + 2
     )
     methods = {
-        "seed_pipeline": lambda: _seed_way(data, ref, max_new_tokens),
-        "project": lambda: score_dataframe(
+        "seed_pipeline": lambda data: _seed_way(data, ref, max_new_tokens),
+        "project": lambda data: score_dataframe(
             data, ref, batch_size=PROJECT_BATCH_SIZE, scored_at=datetime(2025, 1, 1, tzinfo=UTC)
         ),
     }
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for repeat in range(repeats):
         for method, build in methods.items():
-            seconds, scored, right = _timed(build(), method, tuple(tiny_model.LABELS))
+            spark = _spark(master)
+            data = spark.createDataFrame(texts, "id string, text string").repartition(partitions).cache()
+            data.count()
+            _warm_workers(data)
+            seconds, scored, right = _timed(build(data), method, tuple(tiny_model.LABELS))
+            spark.stop()
             runs[method].append(
                 {"seconds": seconds, "rows": scored, "accuracy": right / scored if scored else 0.0}
             )
             print(f"[{model} {repeat + 1}/{repeats}] {method}: {scored} rows in {seconds:.1f} s", flush=True)
-    data.unpersist()
     results = []
     for method, method_runs in runs.items():
         median = sorted(method_runs, key=lambda r: r["seconds"])[(len(method_runs) - 1) // 2]
@@ -265,26 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # Two Spark tasks on two cores: one torch thread per Python worker avoids oversubscription.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from pyspark.sql import SparkSession
-
     out_dir = sparktune_home() / "bench"
     ref, tiny_model = bench_champion(out_dir / "inference")
     models = [("tiny-llama", ref, args.rows)]
     if args.smollm2_rows:
         smol_ref, _ = bench_smollm2_champion(out_dir / "inference-smollm2", args.smollm2_steps)
         models.append((SMOLLM2, smol_ref, args.smollm2_rows))
-    spark = (
-        SparkSession.builder.master(args.master)
-        .appName("bench-inference")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.executorEnv.OMP_NUM_THREADS", "1")
-        .getOrCreate()
-    )
     results = []
     for model, model_ref, rows in models:
-        results += _bench_model(spark, model, model_ref, tiny_model, rows, args.partitions, args.repeats)
-    spark.stop()
+        results += _bench_model(
+            args.master, model, model_ref, tiny_model, rows, args.partitions, args.repeats
+        )
 
     print(
         f"\n{'model':<24}{'method':<16}{'rows':>7}{'seconds':>10}{'rows/s':>10}{'accuracy':>10}{'speedup':>9}"

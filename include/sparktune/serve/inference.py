@@ -304,6 +304,8 @@ def load_cached(ref: ModelRef, batch_size: int = 64) -> Any:
     it (the logged pyfunc, the path evaluation scored), once per Python process."""
     key = f"{ref.local_path}\0{bool(ref.trust_remote_code)}\0{batch_size}"
     if key not in _MODEL_CACHE:
+        import gc
+
         from sparktune.release.eval_inputs import load_label_model
 
         _MODEL_CACHE[key] = load_label_model(
@@ -313,6 +315,12 @@ def load_cached(ref: ModelRef, batch_size: int = 64) -> Any:
             trust_remote_code=ref.trust_remote_code,
             batch_size=batch_size,
         )
+        # PySpark's daemon runs a full gc.collect() after every task of a reused Python worker: with
+        # torch, transformers, MLflow and a model in it, 0.2-0.5 s a task (a third of the tiny
+        # model's job over 3,000 rows). What is alive now lives as long as the worker: freezing it
+        # takes it out of every later collection (reference counting still frees it). No collection
+        # first (as long again): the cyclic garbage of one load is left, once per process.
+        gc.freeze()
     return _MODEL_CACHE[key]
 
 
