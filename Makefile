@@ -37,7 +37,7 @@ help:
 	@echo "make bench-materialize  Spark -> HF dataset: this project vs from_spark, Parquet round trip, toPandas (BENCH_SIZES_GB=0.1,1,4)"
 	@echo "make bench-prepare   rows/s of prepare_data on local[2] at 1M and 5M rows (BENCH_ROWS=100000,1000000 to change)"
 	@echo "make bench-train     real tokens/s of training vs the seed recipe padded to 512, tiny model and SmolLM2 (BENCH_TRAIN_STEPS=40, BENCH_TRAIN_SMOLLM2_STEPS=3)"
-	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=3000)"
+	@echo "make bench-inference rows/s of batch inference vs a pipeline built per partition (BENCH_INFERENCE_ROWS=10000)"
 	@echo "make bench-inference-scale  batch_inference over 500k and 5M rows on local[2]: rows/s, peak RSS per process (BENCH_SCALE_ROWS=5000000)"
 	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve: tiny model at concurrency 1, 8, 32, SmolLM2-135M at 1, 8 (BENCH_SERVE_MODELS, BENCH_SERVE_REQUESTS=400, BENCH_SERVE_SMOLLM2_REQUESTS=32)"
 	@echo "make bench-quality   accuracy and macro F1 of tiny-llama, SmolLM2-135M and MiniLM vs TF-IDF on a helpdesk CSV and texts in other words (BENCH_QUALITY_MODELS=tiny-llama: ~4 min)"
@@ -163,7 +163,7 @@ bench: venv
 	@export BENCH_DAG_PARSE_REPEATS=$${BENCH_DAG_PARSE_REPEATS:-3} BENCH_ROWS=$${BENCH_ROWS:-100000} \
 		BENCH_SIZES_GB=$${BENCH_SIZES_GB:-0.05} \
 		BENCH_MATERIALIZE_METHODS=$${BENCH_MATERIALIZE_METHODS:-project,from_spark,parquet_roundtrip} \
-		BENCH_TRAIN_STEPS=$${BENCH_TRAIN_STEPS:-12} BENCH_INFERENCE_ROWS=$${BENCH_INFERENCE_ROWS:-1000} \
+		BENCH_TRAIN_STEPS=$${BENCH_TRAIN_STEPS:-12} BENCH_INFERENCE_ROWS=$${BENCH_INFERENCE_ROWS:-1000} BENCH_INFERENCE_REPEATS=$${BENCH_INFERENCE_REPEATS:-1} \
 		BENCH_SCALE_ROWS=$${BENCH_SCALE_ROWS:-20000} BENCH_QUALITY_MODELS=$${BENCH_QUALITY_MODELS:-tiny-llama}; \
 	start=$$(date +%s); failed=""; summary=""; \
 	for bench in $(BENCHES); do \
@@ -226,7 +226,9 @@ bench-train: venv
 	$(PY) benchmarks/bench_train.py
 
 # score_dataframe vs the seed way (a text-generation pipeline built in each partition call), same data and
-# model on local[2]; writes $(SPARKTUNE_HOME)/bench/inference.json. BENCH_INFERENCE_ROWS passes through.
+# model on local[2], each method's run in a Spark session of its own, median of 3; writes
+# $(SPARKTUNE_HOME)/bench/inference.json. BENCH_INFERENCE_ROWS (tiny, 10000), BENCH_INFERENCE_SMOLLM2_ROWS (240)
+# and BENCH_INFERENCE_REPEATS (3) pass through.
 bench-inference: venv
 	$(PY) benchmarks/bench_inference.py
 

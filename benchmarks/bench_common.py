@@ -135,7 +135,9 @@ def tiny_champion(work: Path, model_name: str) -> tuple[str, str, Any]:
     from sparktune.model.process_setup import using_tracking_uri
     from sparktune.release.registry import register_run_model
 
-    root = tiny_model.workspace(work)
+    # A model carries the scoring code it was logged with: one trained before that code changed
+    # would time the old code, so each version of it gets a workspace of its own.
+    root = tiny_model.workspace(work / f"scoring-{scoring_code_digest()}")
     result = tiny_model.trained(root, "full")
     uri = tiny_model.tracking_uri(root)
     client = MlflowClient(tracking_uri=uri)
@@ -148,13 +150,24 @@ def tiny_champion(work: Path, model_name: str) -> tuple[str, str, Any]:
 
 
 SMOLLM2 = "smollm2-135m-instruct"
-# What a registered SmolLM2 champion was built from: a model logged before any of these changed
-# scores with the code it carries (the pyfunc logs label_scoring.py), so it is trained again.
-_SMOLLM2_CODE = (
+# What a bench's champion was built from: a model logged before any of these changed scores with
+# the code it carries (the pyfunc logs label_scoring.py), so it is trained again.
+_SCORING_CODE = (
     "include/sparktune/core/label_scoring.py",
     "include/sparktune/model/label_pyfunc.py",
     "include/sparktune/model/logged_model.py",
 )
+
+
+def scoring_code_digest() -> str:
+    """16 hex digits of the code a logged model carries and scores with (:data:`_SCORING_CODE`)."""
+    import hashlib
+
+    root_dir = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in _SCORING_CODE:
+        digest.update((root_dir / name).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def smollm2_champion(work: Path, model_name: str, *, steps: int, rows: int = 256) -> tuple[str, str, Any]:
@@ -175,10 +188,7 @@ def smollm2_champion(work: Path, model_name: str, *, steps: int, rows: int = 256
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    digest = hashlib.sha256(f"{steps}\0{rows}".encode())
-    for name in _SMOLLM2_CODE:
-        digest.update((root_dir / name).read_bytes())
-    built_from = digest.hexdigest()[:16]
+    built_from = hashlib.sha256(f"{steps}\0{rows}\0{scoring_code_digest()}".encode()).hexdigest()[:16]
     work.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{work / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)

@@ -1,7 +1,7 @@
 """Benchmark: rows/s of batch inference (``sparktune.serve.inference.score_dataframe``) vs the seed way,
 on the tiny LLaMA and on SmolLM2-135M-Instruct.
 
-    make bench-inference                       # tiny: 3,000 rows; SmolLM2: 240 rows; local[2], 4 partitions
+    make bench-inference                       # tiny: 10,000 rows; SmolLM2: 240 rows; local[2], 4 partitions
     BENCH_INFERENCE_ROWS=10000 BENCH_INFERENCE_SMOLLM2_ROWS=0 make bench-inference   # the tiny row alone
     python benchmarks/bench_inference.py --rows 1000 --smollm2-rows 480 --repeats 3
 
@@ -257,7 +257,7 @@ def _bench_model(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_INFERENCE_ROWS", "3000")))
+    parser.add_argument("--rows", type=int, default=int(os.environ.get("BENCH_INFERENCE_ROWS", "10000")))
     parser.add_argument(
         "--smollm2-rows",
         type=int,
@@ -273,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument(
-        "--repeats", type=int, default=1, help="alternate the methods this many times; report the median"
+        "--repeats",
+        type=int,
+        default=int(os.environ.get("BENCH_INFERENCE_REPEATS", "3")),
+        help="alternate the methods this many times; report the median",
     )
     args = parser.parse_args(argv)
     if args.rows < 1 or args.partitions < 1 or args.repeats < 1 or args.smollm2_rows < 0:
