@@ -409,10 +409,16 @@ def _rest_log_likelihood(
 
 
 def _call_cost_in_tokens(model: Any) -> float:
-    """What one more group costs per forward call, in tokens of matrix work: the Python of a call
-    (about 0.2 ms a layer) against a token's matrix work in a layer (about 24 x hidden_size**2 flops
-    at some 30 GFLOP/s), and never under 16 tokens, which smaller matrices cost on SmolLM2 (576
-    wide: 16 gave its best rows/s; the 64-wide test model: about 60)."""
+    """What one more group costs per forward call, in tokens of matrix work. On a CPU: the Python of
+    a call (about 0.2 ms a layer) against a token's matrix work in a layer (about 24 x
+    hidden_size**2 flops at some 30 GFLOP/s), and never under 16 tokens, which smaller matrices
+    cost on SmolLM2 (576 wide: 16 gave its best rows/s; the 64-wide test model: about 60). On a
+    GPU, where padding is nearly free until the device is full and every call launches its
+    kernels again, 512 (not measured: groups only for very uneven batches)."""
+    import torch
+
+    if torch.device(model_device(model)).type != "cpu":
+        return 512.0
     hidden = int(getattr(model.config, "hidden_size", 0) or 0)
     return max(16.0, 2.5e5 / hidden**2) if hidden else 16.0
 
