@@ -425,15 +425,18 @@ def _call_cost_in_tokens(model: Any) -> float:
 
 def _length_groups(lengths: list[int], call_cost: float) -> list[tuple[int, int]]:
     """``[begin, end)`` spans of ``lengths`` (ascending) whose left-padded passes cost least: a
-    group costs its size times its longest, plus two forward calls (``call_cost`` tokens each)."""
+    group costs its size times its longest, plus two forward calls (``call_cost`` tokens each).
+    Groups end only where the length changes (a cut between equal lengths only adds calls), so
+    the search is quadratic in the distinct lengths, not in the batch."""
     n = len(lengths)
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    for end in range(1, n + 1):
-        for begin in range(end):
-            cost = best[begin] + 2 * call_cost + (end - begin) * lengths[end - 1]
-            if cost < best[end]:
-                best[end], cut[end] = cost, begin
+    ends = [i + 1 for i in range(n) if i == n - 1 or lengths[i] != lengths[i + 1]]
+    best, cut = {0: 0.0}, {}
+    for end in ends:
+        best[end], cut[end] = min(
+            (best[begin] + 2 * call_cost + (end - begin) * lengths[end - 1], begin)
+            for begin in [0, *ends]
+            if begin < end
+        )
     spans = []
     while n:
         spans.append((cut[n], n))
@@ -466,7 +469,7 @@ def _tails_in_one_row(
     # Per prompt: its slots' tokens, positions and what each slot sees among the slots.
     row_ids: list[list[int]] = []
     row_steps: list[list[int]] = []
-    row_sees: list[list[list[bool]]] = []
+    row_sees: list[list[list[int]]] = []
     reads: list[tuple[int, int, int, int]] = []  # (prompt, slot, next token, candidate)
     for p, length in enumerate(lengths):
         slots: dict[tuple[int, ...], int] = {}
