@@ -251,6 +251,21 @@ def test_length_groups_trade_padding_against_calls():
     assert _length_groups([3, 3, 3, 20], call_cost=100.0) == [(0, 4)]
     assert _length_groups([5, 6, 7], call_cost=0.0) == [(0, 1), (1, 2), (2, 3)]
     assert _length_groups([4], call_cost=1.0) == [(0, 1)]
+    assert _length_groups([2, 2, 9, 9, 9], call_cost=0.0) == [(0, 2), (2, 5)]
+
+
+def test_a_forward_call_costs_more_tokens_on_a_narrow_model_and_on_a_gpu():
+    from types import SimpleNamespace
+
+    import torch
+    from sparktune.core.label_scoring import _call_cost_in_tokens
+
+    def model(device: str, hidden: int) -> SimpleNamespace:
+        return SimpleNamespace(device=torch.device(device), config=SimpleNamespace(hidden_size=hidden))
+
+    assert _call_cost_in_tokens(model("cpu", 64)) == pytest.approx(61.0, abs=0.1)
+    assert _call_cost_in_tokens(model("cpu", 576)) == 16.0
+    assert _call_cost_in_tokens(model("cuda", 576)) == 512.0
 
 
 def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(model_ref, rows, monkeypatch):
