@@ -2,7 +2,7 @@
 on the tiny LLaMA and on SmolLM2-135M-Instruct.
 
     make bench-inference                       # tiny: 10,000 rows; SmolLM2: 240 rows; local[2], 4 partitions
-    BENCH_INFERENCE_ROWS=10000 BENCH_INFERENCE_SMOLLM2_ROWS=0 make bench-inference   # the tiny row alone
+    BENCH_INFERENCE_SMOLLM2_ROWS=0 make bench-inference   # the tiny row alone
     python benchmarks/bench_inference.py --rows 1000 --smollm2-rows 480 --repeats 3
 
 Same Spark master (``local[2]``), same rows (the tests' trivially learnable intent texts, so the
