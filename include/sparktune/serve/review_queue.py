@@ -130,7 +130,7 @@ def build_review_queue(
         )
     finally:
         texts.unpersist()
-    csv_uri, parquet_uri = _write_queue(queue, output_uri)
+    csv_uri, parquet_uri = write_review_queue(queue, output_uri)
     log.info(
         "Review queue: %d rows of %d candidate texts (%d already corrected, left out) -> %s and %s",
         queue.num_rows,
@@ -162,8 +162,9 @@ def _refuse_unknown_model(scored: DataFrame, model_name: str) -> None:
     )
 
 
-def _write_queue(queue: Any, output_uri: str) -> tuple[str, str]:
-    """The queue (an Arrow table) as one CSV and one Parquet file under ``output_uri``; their URIs."""
+def write_review_queue(queue: Any, output_uri: str) -> tuple[str, str]:
+    """The queue (an Arrow table of :data:`QUEUE_COLUMNS` but ``label``; the monitor's drifted
+    texts are one too) as one CSV and one Parquet file under ``output_uri``; their URIs."""
     import fsspec
     import pyarrow as pa
     import pyarrow.parquet as pq
