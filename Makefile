@@ -18,13 +18,14 @@ PYTEST_ARGS ?=
 # longest groups first. PYTEST_PARALLEL= runs everything in one process.
 PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
 
-.PHONY: help venv browser demo run score review serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench bench-dag-parse gpu-check gpu-check-wheels
+.PHONY: help venv browser demo run score review monitor serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench bench-dag-parse gpu-check gpu-check-wheels
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
 	@echo "make run CONF='{..}' run DAG=$(DAG) once on any DAG-run conf (exits non-zero on failure)"
 	@echo "make score           score new texts with the champion (batch_inference DAG), Parquet by date"
 	@echo "make review          the scored rows the champion is least sure of, as a CSV to label (review_queue DAG)"
+	@echo "make monitor         drift of what the champion scored (make score, make serve) against its training data (monitor_champion DAG)"
 	@echo "make serve           the champion over HTTP (MLflow scoring protocol) on 127.0.0.1:5001, requests captured"
 	@echo "make models [MODEL=name]  every registered version: aliases, key metrics, then the alias audit log"
 	@echo "make stack / stack-down  the production topology natively: Airflow (LocalExecutor) + MLflow on PostgreSQL, Spark standalone"
@@ -113,6 +114,13 @@ review: venv
 		echo "review queue: $$queue (review_queue.parquet beside it); fill in the label column, then:"; \
 		echo "  make run DAG=record_corrections CONF='{\"corrections_uri\": \"$$queue\"}'"; \
 	else echo "review queue: the task log above names the CSV and Parquet files"; fi
+
+# Drift of the champion's traffic (make score, make serve) against its training data, with Evidently
+# (monitor_champion DAG): an HTML report and a JSON summary under the lake; CONF sets its params,
+# e.g. make monitor CONF='{"window_hours": 168, "min_texts": 50}'; the summary printed last is MODEL's (default support-intent).
+monitor: venv
+	$(PY) -m sparktune_dev.embedded run --dag monitor_champion --conf '$(CONF)'
+	@$(PY) -m sparktune.serve.drift --model-name '$(MODEL)'
 
 # The champion (models:/support-intent@champion; SPARKTUNE_SERVING_MODEL_NAME or --model-name) over HTTP on
 # 127.0.0.1:5001 in MLflow's scoring protocol; every answer is appended to $(SPARKTUNE_HOME)/lake/serving_captures.

@@ -7,8 +7,9 @@ The scored rows and their texts also land in the feedback table for review; corr
 with the `record_corrections` DAG flow into the next `llm_finetune` run.
 
 Runs whenever a promotion moves the `champion` alias (the event names the model and version), or
-from the trigger form. A rerun of a run overwrites its own day's partition, never duplicates rows.
-Same DAG on `local[*]` or a cluster: only the `spark_default` connection changes.
+from the trigger form; each scoring then triggers `monitor_champion`. A rerun of a run overwrites
+its own day's partition, never duplicates rows. Same DAG on `local[*]` or a cluster: only the
+`spark_default` connection changes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import datetime
 from airflow.sdk import DAG
 from sparktune.core.dag_params import BatchInferenceParams
 from sparktune_airflow import BatchInferenceOperator
-from sparktune_airflow.core.assets import champion_asset
+from sparktune_airflow.core.assets import champion_asset, scored_traffic_asset
 from sparktune_airflow.core.dag_defaults import run_deadline, task_defaults
 from sparktune_airflow.core.params import form_params
 
@@ -49,4 +50,6 @@ with DAG(
         batch_size="{{ params.batch_size }}",
         feedback_uri="{{ params.feedback_uri }}",
         trust_remote_code="{{ params.trust_remote_code }}",
+        # monitor_champion runs after each scoring.
+        outlets=[scored_traffic_asset()],
     )

@@ -14,6 +14,7 @@ from airflow.plugins_manager import AirflowPlugin
 from sparktune_airflow.core.links import (
     DatabricksRunLink,
     DataDocsLink,
+    DriftReportLink,
     MLflowModelVersionLink,
     MLflowRunLink,
     SparkUILink,
@@ -38,6 +39,7 @@ class SparktunePlugin(AirflowPlugin):
         DataDocsLink(),
         DatabricksRunLink(),
         SparkUILink(),
+        DriftReportLink(),
     ]
     fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "sparktune Models page"}]
     fastapi_root_middlewares = [{"middleware": ApiAppInScope, "name": "sparktune REST API in scope"}]

@@ -17,7 +17,8 @@ lives in the module of its stage:
   ``RollbackChampionOperator`` (``release.rollback``), ``ChampionGuardOperator``
   (``release.champion_guard``).
 - ``serve``: ``BatchInferenceOperator`` (``serve.batch_inference``), ``RecordCorrectionsOperator``
-  and ``MergeFeedbackOperator`` (``serve.feedback``), ``ReviewQueueOperator`` (``serve.review_queue``).
+  and ``MergeFeedbackOperator`` (``serve.feedback``), ``ReviewQueueOperator`` (``serve.review_queue``),
+  ``MonitorChampionOperator`` (``serve.monitor``).
 
 Conventions (after the Airflow providers): keyword-only arguments, ``template_fields`` for every
 value that comes from XCom or params, nothing computed from templated values in ``__init__``,
@@ -47,6 +48,7 @@ from sparktune_airflow.release.rollback import RollbackChampionOperator
 from sparktune_airflow.release.smoke import SmokeTestOperator
 from sparktune_airflow.serve.batch_inference import BatchInferenceOperator
 from sparktune_airflow.serve.feedback import MergeFeedbackOperator, RecordCorrectionsOperator
+from sparktune_airflow.serve.monitor import MonitorChampionOperator
 from sparktune_airflow.serve.review_queue import ReviewQueueOperator
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "EvaluateModelOperator",
     "MaterializeDatasetOperator",
     "MergeFeedbackOperator",
+    "MonitorChampionOperator",
     "PrepareDataOperator",
     "PromoteModelOperator",
     "PromotionGateOperator",

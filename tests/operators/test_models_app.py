@@ -10,6 +10,7 @@ database's revoked-token lookup answers "not revoked": this test has no Airflow 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any
 
@@ -269,3 +270,32 @@ def test_airflows_refusal_and_an_unreadable_registry_are_shown_on_the_page(mlflo
     broken = signed_in(client_for(api, models=unreadable), auth("admin", "admin"))
     page = broken.get(PAGE)
     assert page.status_code == 502 and "MLflow could not be read: ConnectionError" in page.text
+
+
+def test_the_latest_drift_summary_shows_and_its_report_opens_for_signed_in_users(
+    mlflow_env, auth, tmp_path, monkeypatch
+):
+    monitoring = tmp_path / "monitoring"
+    monkeypatch.setenv("SPARKTUNE_MONITORING_URI", str(monitoring))
+    run_folder = monitoring / MODEL / "scheduled__2026-11-28T00_00_00_00_00"
+    run_folder.mkdir(parents=True)
+    (run_folder / "drift_report.html").write_text("<html><body>the Evidently report</body></html>")
+    summary = {
+        "status": "drift",
+        "message": "Drift in 300 texts scored by page-intent: texts 0.97 > 0.6.",
+        "window_end": "2026-11-28T00:00:00+00:00",
+        "report_uri": str(run_folder / "drift_report.html"),
+    }
+    (monitoring / MODEL / "latest_summary.json").write_text(json.dumps(summary))
+    client = client_for(AirflowApi())
+    assert client.get(f"{PAGE}drift?model={MODEL}").status_code == 401  # no session, no report
+    signed_in(client, auth("alice", "user"))
+    line = re.search(r'<p data-testid="drift">(.*?)</p>', client.get(PAGE).text, re.S).group(1)
+    assert "window to 2026-11-28 00:00:00 UTC" in line and "<strong>drift</strong>" in line
+    assert "page-intent: texts 0.97 &gt; 0.6." in line and f'href="drift?model={MODEL}"' in line
+    report = client.get(f"{PAGE}drift?model={MODEL}")
+    assert report.status_code == 200 and "the Evidently report" in report.text
+    same = client.get(f"{PAGE}drift", params={"model": MODEL, "run": run_folder.name})
+    assert same.text == report.text
+    missing = client.get(f"{PAGE}drift", params={"model": MODEL, "run": ".."})
+    assert missing.status_code == 404 and "No drift report of" in missing.text

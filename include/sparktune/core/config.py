@@ -16,6 +16,8 @@ HOME_ENV = "SPARKTUNE_HOME"
 LAKE_ENV = "SPARKTUNE_LAKE_URI"
 FEEDBACK_ENV = "SPARKTUNE_FEEDBACK_URI"
 SERVING_CAPTURES_ENV = "SPARKTUNE_SERVING_CAPTURES_URI"
+MONITORING_ENV = "SPARKTUNE_MONITORING_URI"
+MONITOR_CRON_ENV = "SPARKTUNE_MONITOR_CRON"
 RETRAIN_CRON_ENV = "SPARKTUNE_RETRAIN_CRON"
 CHAMPION_GUARD_CRON_ENV = "SPARKTUNE_CHAMPION_GUARD_CRON"
 # Read by the Airflow package's DAG defaults (sparktune_airflow.core.dag_defaults).
@@ -81,6 +83,20 @@ class Settings:
     def serving_captures_uri(self) -> str:
         """What the HTTP server answered, one row per text, Parquet by ``date=`` (see sparktune.serve)."""
         return os.environ.get(SERVING_CAPTURES_ENV) or f"{self.lake_uri}/serving_captures"
+
+    @property
+    def monitoring_uri(self) -> str:
+        """The drift reports: ``<model>/<run id>/drift_report.html`` and ``drift_summary.json``
+        (see sparktune.serve.drift)."""
+        return os.environ.get(MONITORING_ENV) or f"{self.lake_uri}/monitoring"
+
+    @property
+    def monitor_cron(self) -> str | None:
+        """When monitor_champion runs besides after each batch_inference (``off``: only then)."""
+        raw = os.environ.get(MONITOR_CRON_ENV, "").strip()
+        if raw.lower() in {"off", "none", "never"}:
+            return None
+        return raw or "@daily"
 
     @property
     def retrain_cron(self) -> str | None:

@@ -133,3 +133,63 @@ class ChampionGuardParams(ParamGroup):
         "Registered model whose champion to check against the audit log. Empty: every registered model.",
         section=MODEL,
     )
+
+
+MONITOR = "Monitoring"
+
+
+class MonitorChampionParams(ParamGroup):
+    """Whose champion to watch, over which window of traffic, and where drift begins."""
+
+    model_name: RequiredText = param(
+        DEFAULT_MODEL_NAME, "Registered model whose champion's traffic to compare.", section=MODEL
+    )
+    window_hours: Integer = param(
+        24,
+        "The window compared: texts scored (batch inference, the server) in the hours before the run.",
+        ge=1,
+        le=24 * 366,
+        section=MONITOR,
+    )
+    min_texts: Integer = param(
+        100,
+        "Fewer texts than this in the window: nothing is compared, the result says so.",
+        ge=10,
+        le=1_000_000,
+        section=MONITOR,
+    )
+    text_threshold: Number = param(
+        0.6,
+        "Text drift above this: ROC AUC of a classifier telling window from training texts (0.5: alike).",
+        ge=0.5,
+        le=1.0,
+        section=MONITOR,
+    )
+    label_mix_threshold: Number = param(
+        0.1,
+        "Label-mix drift above this: Jensen-Shannon distance of predicted labels to training labels.",
+        ge=0.0,
+        le=1.0,
+        section=MONITOR,
+    )
+    score_threshold: Number = param(
+        0.1,
+        "Score drift above this: normed Wasserstein distance of scores to the champion's test-split scores.",
+        ge=0.0,
+        le=10.0,
+        section=MONITOR,
+    )
+    review_size: Integer = param(
+        50,
+        "On drift, how many of the most drifted texts to queue for review (0: none).",
+        ge=0,
+        le=10_000,
+        section=MONITOR,
+    )
+    max_rows: Integer = param(
+        5000,
+        "Texts compared from each side at most (a seeded sample beyond): the report's cost.",
+        ge=100,
+        le=200_000,
+        section=MONITOR,
+    )

@@ -1,5 +1,5 @@
 """What the team is told when a run needs them: a failed task, an approval waiting, a promotion, a
-rollback, an overdue run, a champion moved outside the pipeline.
+rollback, an overdue run, a champion moved outside the pipeline, drift in what the champion scores.
 
 Plain values in, one :class:`Notification` out; how it travels (e-mail, a webhook) is the Airflow
 package's business (``sparktune_airflow.core.notify``). Each message says what happened, where (DAG,
@@ -20,7 +20,16 @@ PROMOTED = "promoted"
 ROLLED_BACK = "rolled_back"
 RUN_OVERDUE = "run_overdue"
 CHAMPION_MOVED_OUTSIDE = "champion_moved_outside_pipeline"
-EVENTS = (TASK_FAILED, APPROVAL_WAITING, PROMOTED, ROLLED_BACK, RUN_OVERDUE, CHAMPION_MOVED_OUTSIDE)
+DRIFT_DETECTED = "drift_detected"
+EVENTS = (
+    TASK_FAILED,
+    APPROVAL_WAITING,
+    PROMOTED,
+    ROLLED_BACK,
+    RUN_OVERDUE,
+    CHAMPION_MOVED_OUTSIDE,
+    DRIFT_DETECTED,
+)
 
 # Our errors say the cause in their first sentence and the fix in the sentences after it
 # ("... is not defined. Create it (type databricks, ...)."); a sentence ends at ". " or "; ".
@@ -181,4 +190,29 @@ def champion_moved_outside(
         url=url,
         fix="If it was meant, record it with the rollback_champion DAG (to_version, reason); "
         "otherwise move the alias back the same way.",
+    )
+
+
+def drift_detected(
+    *,
+    dag_id: str,
+    run_id: str | None,
+    model_name: str,
+    version: str,
+    message: str,
+    report_uri: str | None,
+    review_csv_uri: str | None,
+    url: str | None,
+) -> Notification:
+    details = {"Report": report_uri or "", "Texts to label": review_csv_uri or ""}
+    return Notification(
+        event=DRIFT_DETECTED,
+        subject=f"[sparktune] drift in what {model_name} v{version} scores",
+        summary=message,
+        dag_id=dag_id,
+        run_id=run_id,
+        url=url,
+        fix="Read the report; label the queued texts and record them with the record_corrections DAG, "
+        "so the next llm_finetune run trains on them. Nothing retrains on unlabelled traffic by itself.",
+        details={key: value for key, value in details.items() if value},
     )

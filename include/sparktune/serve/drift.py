@@ -423,3 +423,73 @@ def _queue_drifted_texts(
     )
     csv_uri, _ = write_review_queue(table, output_uri)
     return csv_uri, len(rows)
+
+
+def model_folder(monitoring_uri: str, model_name: str) -> str:
+    """Where ``model_name``'s monitor runs write: one folder per run, and the latest summary."""
+    from sparktune.core.paths import path_segment
+
+    return f"{monitoring_uri.rstrip('/')}/{path_segment(model_name)}"
+
+
+def latest_summary(monitoring_uri: str, model_name: str) -> dict[str, Any] | None:
+    """The summary of ``model_name``'s latest monitor run, or None when it was never monitored."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(f"{model_folder(monitoring_uri, model_name)}/{LATEST_SUMMARY_NAME}")
+    if not fs.exists(path):
+        return None
+    return json.loads(fs.cat_file(path))
+
+
+def read_report(monitoring_uri: str, model_name: str, run_folder: str | None = None) -> str | None:
+    """The HTML report of one monitor run of ``model_name`` (``run_folder``: its folder's name, the
+    run id made a path segment; None: the latest run's), or None when there is none. Only folders
+    under the model's own are read: a name that is not one path segment reads nothing."""
+    import fsspec
+    from sparktune.core.paths import path_segment
+
+    folder = model_folder(monitoring_uri, model_name)
+    if run_folder is None:
+        latest = latest_summary(monitoring_uri, model_name) or {}
+        report = latest.get("report_uri") or ""
+        if not report.startswith(folder + "/"):
+            return None
+        run_folder = report[len(folder) + 1 :].split("/", 1)[0]
+    if run_folder != path_segment(run_folder) or run_folder in {"", ".", ".."}:
+        return None
+    fs, path = fsspec.core.url_to_fs(f"{folder}/{run_folder}/{REPORT_NAME}")
+    if not fs.exists(path):
+        return None
+    return fs.cat_file(path).decode()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sparktune.serve.drift [--model-name NAME]``: the latest monitor run's result and files."""
+    import argparse
+
+    from sparktune.core.config import DEFAULT_MODEL_NAME, settings
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--model-name", default="", help=f"registered model (default {DEFAULT_MODEL_NAME})")
+    name = parser.parse_args(argv).model_name.strip() or DEFAULT_MODEL_NAME
+    summary = latest_summary(settings().monitoring_uri, name)
+    if summary is None:
+        print(f"{name} was never monitored: run the monitor_champion DAG (make monitor) first.")
+        return 1
+    print(summary["message"])
+    for check in summary.get("checks") or []:
+        value = "not run" if check["value"] is None else f"{check['value']:.4f}"
+        print(f"  {check['name']:<10} {value:>8} (threshold {check['threshold']}, {check['method']})")
+    for key, what in (
+        ("report_uri", "report"),
+        ("summary_uri", "summary"),
+        ("review_csv_uri", "texts to label"),
+    ):
+        if summary.get(key):
+            print(f"{what}: {summary[key]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

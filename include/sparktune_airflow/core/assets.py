@@ -4,6 +4,8 @@
   data emits its event (an ``outlets=[training_source_asset()]`` task, or
   ``POST /api/v2/assets/events``) and a retraining run follows.
 - ``feedback``: the feedback table's human corrections (``record_corrections`` emits it).
+- ``scored_traffic``: the texts the champion scored (batch inference's rows in the feedback table);
+  ``batch_inference`` emits it and ``monitor_champion`` runs after it.
 - ``champion``: the ``champion`` alias of a registered model. ``llm_finetune``'s promotion emits
   it with ``{"model_name", "version", "previous_version"}`` as the event's extra;
   ``batch_inference`` is scheduled on it and scores with the model the event names.
@@ -36,6 +38,12 @@ def training_source_asset() -> Asset:
 
 def feedback_asset() -> Asset:
     return Asset(name="sparktune_feedback", uri=_uri(settings().feedback_uri), group="training_data")
+
+
+def scored_traffic_asset() -> Asset:
+    """Batch inference's scored rows in the feedback table (the serving captures have no event)."""
+    uri = _uri(f"{settings().feedback_uri.rstrip('/')}/predictions")
+    return Asset(name="sparktune_scored_traffic", uri=uri, group="monitoring")
 
 
 def champion_asset() -> Asset:

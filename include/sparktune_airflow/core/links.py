@@ -1,5 +1,5 @@
 """Extra links of the sparktune operators: the MLflow run, the registered model version, the GX Data
-Docs page, the Spark master UI and the Databricks run.
+Docs page, the Spark master UI, the Databricks run and the drift report.
 
 Airflow 3 calls ``get_link(operator, ti_key=...)`` on the worker when the task ends and stores the
 URL in XCom under the link's ``xcom_key``; the UI reads that XCom (the serialized DAG keeps only
@@ -14,7 +14,9 @@ serves it at http://127.0.0.1:5000 (``SPARKTUNE_MLFLOW_UI_URL`` changes that). D
 ``file://`` page GX wrote; ``SPARKTUNE_DATA_DOCS_URL`` maps the Data Docs folder to where a web
 server publishes it. Spark: a standalone master's web UI (``spark://host:7077``
 -> ``http://host:8080``, where finished applications are listed); ``SPARKTUNE_SPARK_UI_URL`` points
-elsewhere (a history server); ``local[*]`` has no UI once the job ended.
+elsewhere (a history server); ``local[*]`` has no UI once the job ended. Drift reports: the
+Models page's app on the api-server serves them (``/sparktune/models/drift``) from the lake,
+under the UI's ``[api] base_url``.
 """
 
 from __future__ import annotations
@@ -84,6 +86,18 @@ def data_docs_url(result: Mapping[str, Any] | None, env: Mapping[str, str] | Non
         if page.startswith(prefix + "/"):
             return published + page[len(prefix) :]
     return page
+
+
+def drift_report_url(result: Mapping[str, Any] | None, base: str) -> str:
+    """The Models page's view of ``MonitorChampionOperator``'s report (none: too little traffic)."""
+    result = result or {}
+    report, name = result.get("report_uri") or "", result.get("model_name") or ""
+    if not report or not name:
+        return ""
+    run_folder = report.rstrip("/").rsplit("/", 2)[-2]
+    # The plugin mounts the Models app under /sparktune (sparktune_airflow.ui.models_app.URL_PREFIX).
+    query = f"model={quote(name, safe='')}&run={quote(run_folder, safe='')}"
+    return f"{base.rstrip('/')}/sparktune/models/drift?{query}"
 
 
 def spark_ui_url(master: str | None, env: Mapping[str, str] | None = None) -> str:
@@ -164,3 +178,14 @@ class SparkUILink(BaseOperatorLink):
         hook = getattr(operator, "_hook", None)  # SparkSubmitOperator's, set by execute
         master = (getattr(hook, "_connection", None) or {}).get("master")
         return spark_ui_url(master)
+
+
+class DriftReportLink(BaseOperatorLink):
+    """The Evidently drift report of a monitor run (``MonitorChampionOperator``)."""
+
+    name = "Drift report"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from sparktune_airflow.core.notify import ui_base
+
+        return drift_report_url(_as_mapping(_task_result(ti_key)), ui_base())

@@ -5,6 +5,9 @@ in the UI's Browse menu that shows ``/sparktune/models/`` in the UI's frame).
 - ``GET /models/``: the page (:mod:`sparktune_airflow.ui.models_page`) of every registered model,
   read through ``MLflowHook().get_conn()`` (the ``mlflow_default`` connection, else
   ``MLFLOW_TRACKING_URI``).
+- ``GET /models/drift?model=<name>[&run=<folder>]``: the Evidently drift report of a
+  ``monitor_champion`` run of the model (without ``run``: its latest), read from the lake
+  (``SPARKTUNE_MONITORING_URI``); the Models page and the monitor task's "Drift report" link open it.
 - ``POST /models/rollback``: triggers the ``rollback_champion`` DAG with the form's model, version
   and reason, through Airflow's public REST API (``POST /api/v2/dags/rollback_champion/dagRuns``)
   called in this process as the signed-in user. The run's task moves the alias and writes the
@@ -126,6 +129,37 @@ def load_models() -> tuple[list[Any], str]:
     return model_views(client), mlflow_ui_base(str(client.tracking_uri))
 
 
+def latest_drift_summary(model_name: str) -> dict[str, Any] | None:
+    """The summary of the model's latest monitor run, from the lake."""
+    from sparktune.core.config import settings
+    from sparktune.serve.drift import latest_summary
+
+    return latest_summary(settings().monitoring_uri, model_name)
+
+
+def _drift_summaries(
+    drift: Callable[[str], dict[str, Any] | None], names: list[str]
+) -> dict[str, dict[str, Any]]:
+    summaries = {}
+    for name in names:
+        try:
+            summary = drift(name)
+        except Exception:  # an unreadable lake must not take the page with it
+            log.exception("the drift summary of %s could not be read", name)
+            continue
+        if summary:
+            summaries[name] = summary
+    return summaries
+
+
+def drift_report_html(model_name: str, run_folder: str | None) -> str | None:
+    """A monitor run's report from the lake (see :func:`sparktune.serve.drift.read_report`)."""
+    from sparktune.core.config import settings
+    from sparktune.serve.drift import read_report
+
+    return read_report(settings().monitoring_uri, model_name, run_folder) if model_name else None
+
+
 def form_token(user_name: str) -> str:
     """The rollback form's token: an HMAC of the user under the api-server's secret key."""
     from airflow.configuration import conf
@@ -177,6 +211,8 @@ def create_app(
     authorize: Callable[[Any], bool] = may_trigger_rollback,
     models: Callable[[], tuple[list[Any], str]] = load_models,
     login: Callable[[Request], str] = login_url,
+    report: Callable[[str, str | None], str | None] = drift_report_html,
+    drift: Callable[[str], dict[str, Any] | None] = latest_drift_summary,
 ) -> FastAPI:
     """The Models app. The defaults are Airflow's and MLflow's; tests may pass their own."""
     app = FastAPI(title="sparktune Models page", docs_url=None, redoc_url=None, openapi_url=None)
@@ -190,10 +226,13 @@ def create_app(
             views, mlflow_ui = [], ""
             error = error or f"MLflow could not be read: {type(exc).__name__}: {exc}"
             status = max(status, 502)
+        summaries = await run_in_threadpool(_drift_summaries, drift, [v.name for v in views])
         # Sec-Fetch-Dest: the browser says the UI framed the page (Chromium and Firefox send it).
         framed = request.headers.get("sec-fetch-dest") == "iframe"
         own_url = str(request.url.replace(query="", fragment="")).removesuffix("rollback") if framed else ""
-        html = render_models_page(ModelsPage(signed.name, views, mlflow_ui, control, notice, error, own_url))
+        html = render_models_page(
+            ModelsPage(signed.name, views, mlflow_ui, control, notice, error, own_url, summaries)
+        )
         return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
 
     @app.get("/models", include_in_schema=False)
@@ -207,6 +246,18 @@ def create_app(
             return _sign_in_first(login(request))
         notice = await _run_notice(request, signed, rollback_run) if rollback_run else None
         return await page(request, signed, notice=notice)
+
+    @app.get("/models/drift", response_class=HTMLResponse)
+    async def drift_report(request: Request, model: str = "", run: str = "") -> Response:
+        signed = await authenticate(request)
+        if signed is None:
+            return _sign_in_first(login(request))
+        html = await run_in_threadpool(report, model, run or None)
+        if html is None:
+            return await page(
+                request, signed, error=f"No drift report of {model!r} (run {run or 'latest'!r}).", status=404
+            )
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     @app.post("/models/rollback")
     async def rollback(

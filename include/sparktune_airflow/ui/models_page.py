@@ -70,6 +70,8 @@ class ModelsPage:
     # The page's own address, said when the UI frames it: Airflow 3.3 frames a plugin's page in a
     # sandbox without allow-popups, so a link to MLflow or the Data Docs opens only from there.
     own_url: str = ""
+    # Model name -> the summary of its latest monitor_champion run (sparktune.serve.drift).
+    drift: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def number(value: Any, signed: bool = False) -> str:
@@ -305,6 +307,12 @@ Reload this page to follow it; the DAG's runs in Airflow have its log.</div>
 {% if model.champion %}
 <p>Champion: <strong data-testid="champion-version">v{{ model.champion }}</strong></p>
 {{ rollback_form(model) }}
+{% endif %}
+{% set drift = page.drift.get(model.name) %}
+{% if drift %}
+<p data-testid="drift">Drift (monitor_champion, window to {{ audit_time(drift.window_end) }} UTC):
+<strong>{{ drift.status | replace("_", " ") }}</strong>. {{ drift.message }}
+{% if drift.report_uri %}<a href="drift?model={{ model.name | urlencode }}">Drift report</a>{% endif %}</p>
 {% endif %}
 <h3>Versions</h3>
 <table data-testid="versions">
