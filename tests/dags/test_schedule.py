@@ -1,4 +1,4 @@
-"""llm_finetune's and monitor_champion's schedules are deployment settings read when the DAG file is parsed."""
+"""The schedules of llm_finetune and monitor_champion: settings read when the DAG file is parsed."""
 
 from __future__ import annotations
 
