@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from sparktune.release.metrics import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, EvalResult, label_result
 
 if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
     from sparktune.release.comparison import PairedComparison
 
 BASELINE_URI = "baseline:tfidf-logistic-regression"
@@ -23,6 +24,20 @@ BASELINE_URI = "baseline:tfidf-logistic-regression"
 BASELINE_NAME = "TF-IDF + logistic regression"
 # Prefix of the paired (model - baseline) metrics: vs_baseline_accuracy_diff, ..._ci_low, ...
 VS_BASELINE_PREFIX = "vs_baseline_"
+
+
+def baseline_model(seed: int = 0) -> Pipeline:
+    """The baseline, unfitted: TF-IDF (word unigrams and bigrams, sublinear term frequency) + logistic
+    regression. Shared with the label-issue finder (:mod:`sparktune.serve.label_issues`), whose
+    out-of-sample probabilities should come from the same classifier the gate compares against."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    return make_pipeline(
+        TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
+        LogisticRegression(max_iter=1000, random_state=seed),
+    )
 
 
 def fit_predict(
@@ -33,10 +48,6 @@ def fit_predict(
 
     A train split with one label predicts that label: logistic regression needs two classes.
     """
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
     if len(train_texts) != len(train_labels):
         raise ValueError(f"{len(train_texts)} train texts but {len(train_labels)} labels")
     if not train_texts:
@@ -44,10 +55,7 @@ def fit_predict(
     classes = sorted(set(train_labels))
     if len(classes) == 1:
         return [classes[0]] * len(texts)
-    model = make_pipeline(
-        TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True),
-        LogisticRegression(max_iter=1000, random_state=seed),
-    )
+    model = baseline_model(seed)
     model.fit(list(train_texts), list(train_labels))
     return [str(p) for p in model.predict(list(texts))]
 
