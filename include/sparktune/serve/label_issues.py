@@ -320,13 +320,13 @@ def source_label_issues(
     finally:
         texts.unpersist()
     log.info(
-        "Label issues: %s holds %d rows: %d without text or label, %d more copies of a text, %d "
-        "distinct texts of which %d already corrected (all left out)",
+        "Label issues: %s holds %d rows, %d distinct labelled texts; left out: %d rows without text "
+        "or label, %d more copies of a text, %d texts already corrected",
         source_uri,
         total,
+        distinct,
         total - labelled,
         labelled - distinct,
-        distinct,
         corrected_count,
     )
     columns = collected.to_pydict()
