@@ -363,14 +363,18 @@ def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inf
     marker = home / "lake" / "datasets" / first.tags["data_fingerprint"] / "_SPARKTUNE_COMPLETE.json"
     built_at = marker.stat().st_mtime_ns
 
-    # The reviewer works from the review queue: every scored text, least sure first.
+    # The reviewer works from the review queue: the training rows whose label looks wrong (the
+    # demo source's), then every scored text, least sure first.
     queued = run_dag(home, {"queue_size": 1000}, dag="review_queue")
     assert queued.returncode == 0, queued.stdout[-4000:] + queued.stderr[-4000:]
     [queue_file] = (home / "lake" / "feedback" / "review_queue").rglob("review_queue.csv")
     with queue_file.open(newline="", encoding="utf-8-sig") as handle:
         queue = list(csv.DictReader(handle))
-    scores = [float(row["score"]) for row in queue]
-    assert scores == sorted(scores) and len(queue) > INCOMING_ROWS
+    issues = [row for row in queue if row["origin"] == "label_issue"]
+    assert queue[: len(issues)] == issues and 0 < len(issues) <= 50
+    qualities = [float(row["label_quality"]) for row in issues]
+    scores = [float(row["score"]) for row in queue[len(issues) :]]
+    assert qualities == sorted(qualities) and scores == sorted(scores) and len(queue) > INCOMING_ROWS
     assert len({" ".join(row["text"].lower().split()) for row in queue}) == len(queue)  # one row per text
 
     # They label the mislabelled training texts and 40 new tickets (here: with their true labels;

@@ -136,6 +136,12 @@ def test_review_queue_refuses_an_output_folder_outside_the_roots(dags, roots):
     _assert_names(message, "output_uri", roots)
 
 
+def test_review_queue_refuses_a_label_issue_source_outside_the_roots(dags, roots):
+    inside = {"output_uri": str(roots.data / "queues")}
+    message = _run(dags["review_queue"], "build_queue", {**inside, "source_uri": roots.escape})
+    _assert_names(message, "source_uri", roots)
+
+
 def test_data_quality_report_refuses_a_source_outside_the_roots(dags, roots):
     message = _run(dags["data_quality_report"], "validate_source", {"source_uri": roots.escape})
     _assert_names(message, "source_uri", roots)

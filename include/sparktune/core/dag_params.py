@@ -11,6 +11,7 @@ from typing import Literal
 
 from sparktune.core.config import DEFAULT_MODEL_NAME, settings
 from sparktune.core.params import (
+    DataSource,
     Integer,
     Number,
     OptionalText,
@@ -19,10 +20,12 @@ from sparktune.core.params import (
     TrainingRecipe,
     param,
 )
+from sparktune.core.paths import source_root_problems
 
 SCORING = "Scoring"
 MODEL = "Model"
 REVIEW = "Review"
+LABEL_ISSUES = "Label issues"
 
 
 class BatchInferenceParams(ParamGroup):
@@ -83,8 +86,14 @@ class RecordCorrectionsParams(ParamGroup):
     )
 
 
+def _as_trained(name: str) -> str:
+    """The description of the training source's param ``name``, for a DAG that reads that source."""
+    return f"{DataSource.model_fields[name].description} As in llm_finetune's run."
+
+
 class ReviewQueueParams(ParamGroup):
-    """Whose scored rows to queue for review, how many, and where the files go."""
+    """Whose scored rows to queue for review, how many, the training source whose label issues lead
+    the queue, and where the files go."""
 
     model_name: OptionalText = param(
         DEFAULT_MODEL_NAME,
@@ -93,7 +102,8 @@ class ReviewQueueParams(ParamGroup):
     )
     queue_size: Integer = param(
         100,
-        "How many rows the queue holds: the distinct, uncorrected texts the model is least sure of.",
+        "How many scored rows the queue holds (after the label issues): the distinct, uncorrected "
+        "texts the model is least sure of.",
         ge=1,
         le=10_000,
         section=REVIEW,
@@ -104,6 +114,46 @@ class ReviewQueueParams(ParamGroup):
         default_factory=lambda: f"{settings().feedback_uri}/review_queue",
         section=REVIEW,
     )
+    label_issues: Integer = param(
+        50,
+        "How many label issues lead the queue: rows of the training source whose label "
+        "cross-validated TF-IDF + logistic regression contradicts (cleanlab), likeliest wrong first. "
+        "0: none, the source is not read.",
+        ge=0,
+        le=10_000,
+        section=LABEL_ISSUES,
+    )
+    # The training source, with the pipeline's defaults (sparktune.core.params.DataSource).
+    source_uri: OptionalText = param(
+        DataSource.model_fields["source_uri"].default,
+        "Training source to look for label issues in. " + _as_trained("source_uri"),
+        section=LABEL_ISSUES,
+    )
+    source_format: Literal["auto", "parquet", "csv", "json", "table"] = param(
+        DataSource.model_fields["source_format"].default, _as_trained("source_format"), section=LABEL_ISSUES
+    )
+    text_column: RequiredText = param(
+        DataSource.model_fields["text_column"].default, _as_trained("text_column"), section=LABEL_ISSUES
+    )
+    label_column: RequiredText = param(
+        DataSource.model_fields["label_column"].default, _as_trained("label_column"), section=LABEL_ISSUES
+    )
+    id_column: OptionalText = param(
+        DataSource.model_fields["id_column"].default,
+        "Optional column identifying each row: a label issue's id. Empty: a sha256 of the normalized text.",
+        section=LABEL_ISSUES,
+    )
+    label_issue_max_rows: Integer = param(
+        200_000,
+        "Distinct texts of the source judged at most (they are collected to the Spark driver); more: "
+        "the same sample every run, by text hash.",
+        ge=100,
+        le=2_000_000,
+        section=LABEL_ISSUES,
+    )
+
+    def checks(self) -> list[str]:
+        return source_root_problems(self.model_dump())  # SPARKTUNE_ALLOWED_ROOTS, when the deployment sets it
 
 
 class RollbackParams(ParamGroup):
