@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # longest groups first. PYTEST_PARALLEL= runs everything in one process.
 PYTEST_PARALLEL ?= -n 2 --dist loadscope --no-loadscope-reorder
 
-.PHONY: help venv browser demo run score review monitor serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench bench-dag-parse gpu-check gpu-check-wheels
+.PHONY: help venv browser demo run score review monitor serve models stack stack-down stack-status test test-fast test-load lint format clean airflow-ui mlflow-ui bench-overhead bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-quality bench-label-issues bench bench-dag-parse gpu-check gpu-check-wheels
 
 help:
 	@echo "make demo            generate demo data, run llm_finetune end to end, print a summary"
@@ -42,6 +42,7 @@ help:
 	@echo "make bench-inference-scale  batch_inference over 500k and 5M rows on local[2]: rows/s, peak RSS per process (BENCH_SCALE_ROWS=5000000)"
 	@echo "make bench-serve     req/s and latency of make serve vs mlflow models serve: tiny model at concurrency 1, 8, 32, SmolLM2-135M at 1, 8 (BENCH_SERVE_MODELS, BENCH_SERVE_REQUESTS=400, BENCH_SERVE_SMOLLM2_REQUESTS=32)"
 	@echo "make bench-quality   accuracy and macro F1 of tiny-llama, SmolLM2-135M and MiniLM vs TF-IDF on a helpdesk CSV and texts in other words (BENCH_QUALITY_MODELS=tiny-llama: ~4 min)"
+	@echo "make bench-label-issues  recall and precision of 3% labels flipped on purpose in a helpdesk CSV, ranked by the label-issue finder (BENCH_LABEL_ISSUES_ROWS=4000)"
 	@echo "make gpu-check       LoRA (bf16), QLoRA (4-bit) and full training + label scoring on a CUDA GPU: tokens/s, peak memory, merge/reload (GPU_CHECK_ARGS=--dry-run: tiny, any device)"
 
 # The venv is keyed on the lock file: changing the pins reinstalls. requirements-models.txt holds the
@@ -166,7 +167,7 @@ bench-overhead: venv
 # Every bench at the small sizes below (each overridable: make bench BENCH_TRAIN_STEPS=40), one after
 # another; every bench exits 1 when it misses a target, and this exits 1 after all ran, naming them.
 # The venv is brought up to date once, here (-o: the benches' own make does not check it again).
-BENCHES := bench-dag-parse bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-overhead bench-quality
+BENCHES := bench-dag-parse bench-prepare bench-materialize bench-train bench-inference bench-inference-scale bench-serve bench-overhead bench-quality bench-label-issues
 bench: venv
 	@export BENCH_DAG_PARSE_REPEATS=$${BENCH_DAG_PARSE_REPEATS:-3} BENCH_ROWS=$${BENCH_ROWS:-100000} \
 		BENCH_SIZES_GB=$${BENCH_SIZES_GB:-0.05} \
@@ -259,6 +260,13 @@ bench-serve: venv
 # BENCH_QUALITY_DEMO_ROWS (default 3000), BENCH_QUALITY_HELPDESK_ROWS (default 2500) and BENCH_QUALITY_TASK pass through.
 bench-quality: venv
 	$(PY) benchmarks/bench_quality.py
+
+# The label-issue finder the review queue uses (sparktune.serve.label_issues) on a generated helpdesk CSV export with 3%
+# of its labels flipped on purpose: recall and precision of the flipped rows in the first 2 x flipped rows of its
+# ranking (target: recall 0.8), and its seconds; writes $(SPARKTUNE_HOME)/bench/label_issues.json. BENCH_LABEL_ISSUES_ROWS
+# (default 4000) passes through.
+bench-label-issues: venv
+	$(PY) benchmarks/bench_label_issues.py
 
 # The training path and label scoring on a CUDA GPU (benchmarks/gpu_check.py): LoRA in bf16, QLoRA over a 4-bit
 # NF4 base (bitsandbytes) and full fine-tuning, each on SmolLM2-135M's and TinyLlama-1.1B's LlamaConfig with random

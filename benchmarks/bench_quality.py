@@ -198,7 +198,7 @@ def run_params(mapping: dict[str, Any], overrides: dict[str, Any]) -> dict[str, 
 # The pipeline's steps
 
 
-def start_spark() -> Any:
+def start_spark(app: str = "sparktune-bench-quality") -> Any:
     from pyspark.sql import SparkSession
     from sparktune.data.spark_jvm import short_job_conf
 
@@ -207,7 +207,7 @@ def start_spark() -> Any:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     spark = (
         SparkSession.builder.master("local[2]")
-        .appName("sparktune-bench-quality")
+        .appName(app)
         .config(map=short_job_conf({}, None))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
