@@ -53,15 +53,17 @@ def champion(tmp_path_factory):
 @pytest.fixture
 def operator_env(spark, champion, tmp_path, monkeypatch):
     """SPARKTUNE_HOME in tmp_path, the champion's registry, and the Spark callable run on the test's
-    Spark session (PySparkOperator would start its own)."""
+    Spark session (PySparkOperator would start one of its own and stop it)."""
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
     for name in ("SPARKTUNE_LAKE_URI", "SPARKTUNE_FEEDBACK_URI", "SPARKTUNE_MONITORING_URI"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("SPARKTUNE_SERVING_CAPTURES_URI", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", champion["tracking_uri"])
     monkeypatch.delenv("AIRFLOW_CONN_SPARKTUNE_SMTP", raising=False)
+    # PythonOperator's own execute picks the callable's arguments out of the context; only the
+    # session the callable gets is the test's.
     monkeypatch.setattr(
-        PySparkOperator, "execute", lambda op, context: op.python_callable(spark=spark, **op.op_kwargs)
+        PySparkOperator, "execute_callable", lambda op: op.python_callable(**{**op.op_kwargs, "spark": spark})
     )
     return tmp_path / "home" / "lake"
 

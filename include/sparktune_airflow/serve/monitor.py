@@ -24,14 +24,44 @@ DATASET_TAG = "sparktune.dataset_path"
 PREDICTIONS_ARTIFACT = "evaluation/predictions.csv"
 
 
-def _monitor(spark: Any = None, **kwargs: Any) -> dict[str, Any]:
+def _monitor(
+    model_name: str,
+    model_version: str,
+    dataset_uri: str,
+    champion_predictions_csv: str | None,
+    feedback_uri: str,
+    captures_uri: str,
+    start: str,
+    end: str,
+    output_uri: str,
+    latest_uri: str,
+    min_texts: int,
+    thresholds: dict[str, float],
+    review_size: int,
+    max_rows: int,
+    spark: Any = None,
+) -> dict[str, Any]:
+    # Named parameters, not **kwargs: PythonOperator would pass the whole task context into those.
     from datetime import datetime
 
     from sparktune.serve.drift import DriftError, DriftThresholds, monitor_champion
 
-    kwargs["start"] = datetime.fromisoformat(kwargs["start"])
-    kwargs["end"] = datetime.fromisoformat(kwargs["end"])
-    kwargs["thresholds"] = DriftThresholds(**kwargs["thresholds"])
+    kwargs = {
+        "model_name": model_name,
+        "model_version": model_version,
+        "dataset_uri": dataset_uri,
+        "champion_predictions_csv": champion_predictions_csv,
+        "feedback_uri": feedback_uri,
+        "captures_uri": captures_uri or None,
+        "start": datetime.fromisoformat(start),
+        "end": datetime.fromisoformat(end),
+        "output_uri": output_uri,
+        "latest_uri": latest_uri,
+        "min_texts": min_texts,
+        "thresholds": DriftThresholds(**thresholds),
+        "review_size": review_size,
+        "max_rows": max_rows,
+    }
     try:
         result = monitor_champion(spark, **kwargs)
     except DriftError as exc:
