@@ -99,7 +99,7 @@ def test_thresholds_decide_what_counts_as_drift(spark, champion, tmp_path):
     drift_data.unshifted_traffic(spark, str(tmp_path / "feedback"))
     # A label-mix threshold of 0 makes any difference in the mix drift; the others stay off.
     strict = _monitor(
-        spark, champion, tmp_path, thresholds=DriftThresholds(text=0.99, label_mix=0.0, score=10.0)
+        spark, champion, tmp_path, thresholds=DriftThresholds(text=0.99, label_mix=0.0, score=0.0)
     )
     assert [c.name for c in strict.drifted_checks] == ["label_mix"]
 

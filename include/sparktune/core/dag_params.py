@@ -223,10 +223,10 @@ class MonitorChampionParams(ParamGroup):
         section=MONITOR,
     )
     score_threshold: Number = param(
-        0.1,
-        "Score drift above this: normed Wasserstein distance of scores to the champion's test-split scores.",
+        0.05,
+        "Score drift below this: p-value of the K-S test of scores against the champion's test-split scores.",
         ge=0.0,
-        le=10.0,
+        le=1.0,
         section=MONITOR,
     )
     review_size: Integer = param(

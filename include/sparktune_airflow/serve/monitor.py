@@ -68,7 +68,7 @@ def _monitor(
         raise AirflowFailException(str(exc)) from exc
     print(result.message)
     for check in result.checks:
-        value = "not run" if check.value is None else f"{check.value:.4f}"
+        value = "not run" if check.value is None else f"{check.value:.4g}"
         print(f"  {check.name:<10} {check.method:<24} {value:>8}  threshold {check.threshold}  {check.note}")
     if result.report_uri:
         print(f"  report:  {result.report_uri}")
