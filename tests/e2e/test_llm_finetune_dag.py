@@ -355,6 +355,33 @@ def _airflow_db(home: Path, query: str) -> list[tuple]:
         return db.execute(query).fetchall()
 
 
+def test_monitor_champion_compares_what_was_scored_with_the_training_data(home, first_scoring):
+    """monitor_champion (what make monitor runs) after batch_inference: the scoring emitted the asset
+    the monitor is scheduled on, and the run writes Evidently's report and the summary; new tickets
+    from the training data's own generator are no text drift."""
+    events = _airflow_db(
+        home,
+        "select e.source_dag_id from asset_event e join asset a on a.id = e.asset_id "
+        "where a.name = 'sparktune_scored_traffic'",
+    )
+    assert events and {dag for (dag,) in events} == {"batch_inference"}
+    result = run_dag(home, {}, dag="monitor_champion")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-6000:]
+    summary = json.loads(
+        (home / "lake" / "monitoring" / "support-intent" / "latest_summary.json").read_text()
+    )
+    assert summary["texts"] >= 100 and summary["model_version"] == str(
+        _client(home).get_model_version_by_alias("support-intent", "champion").version
+    )
+    assert Path(summary["report_uri"]).stat().st_size > 100_000  # Evidently's self-contained page
+    checks = {check["name"]: check for check in summary["checks"]}
+    assert set(checks) == {"texts", "label_mix", "scores"} and all(
+        c["value"] is not None for c in checks.values()
+    )
+    assert not checks["texts"]["drifted"], checks["texts"]
+    assert summary["message"] in result.stdout + result.stderr
+
+
 def test_corrections_train_a_new_data_version_whose_promotion_triggers_batch_inference(home, first_scoring):
     """The loop: scored rows -> human corrections -> a new data version -> training (streaming
     mode) -> promotion -> the champion asset event that starts batch_inference."""
