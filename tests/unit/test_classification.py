@@ -239,6 +239,8 @@ def test_a_crashed_classification_run_resumes_from_its_checkpoint(root, lora_run
     assert run.data.metrics["logged_model_max_logit_diff"] < 1e-4
 
 
+# Trains a second tiny classifier (16 s). Left to make test.
+@pytest.mark.slow
 def test_streaming_mode_takes_the_labels_from_the_parquet(root, tmp_path):
     from sparktune.release.evaluation import evaluate_model
 
