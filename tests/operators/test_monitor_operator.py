@@ -110,7 +110,7 @@ def test_too_little_traffic_succeeds_with_a_summary_and_no_link(operator_env, tm
     summary = _operator(window_hours="2").execute(_context(tmp_path))
     assert summary["status"] == "too_little_traffic"
     assert summary["message"].startswith(
-        f"0 texts scored by {MODEL} since 2026-11-20T08:00:00+00:00; need 100"
+        f"0 texts scored by {MODEL} since 2026-11-20T08:00:00+00:00; need 300"
     )
     assert drift_report_url(summary, "http://airflow:8080") == ""
 

@@ -202,8 +202,9 @@ class MonitorChampionParams(ParamGroup):
         section=MONITOR,
     )
     min_texts: Integer = param(
-        100,
-        "Fewer texts than this in the window: nothing is compared, the result says so.",
+        300,
+        "Fewer texts than this in the window: nothing is compared, the result says so. Below about "
+        "300, chance alone moves the label mix past its threshold.",
         ge=10,
         le=1_000_000,
         section=MONITOR,

@@ -339,7 +339,7 @@ def monitor_champion(
     end: datetime,
     output_uri: str,
     latest_uri: str,
-    min_texts: int = 100,
+    min_texts: int = 300,
     thresholds: DriftThresholds | None = None,
     max_rows: int = 5000,
     review_size: int = 50,

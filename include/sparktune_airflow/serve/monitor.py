@@ -119,7 +119,7 @@ class MonitorChampionOperator(UsesMLflowConnection, PySparkOperator):
         *,
         model_name: str,
         window_hours: int | str = 24,
-        min_texts: int | str = 100,
+        min_texts: int | str = 300,
         thresholds: dict[str, Any] | None = None,
         review_size: int | str = 50,
         max_rows: int | str = 5000,
