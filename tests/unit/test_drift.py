@@ -115,3 +115,27 @@ def test_a_report_is_read_back_only_from_the_models_own_folders(spark, champion,
     for outside in ("..", ".", "run/../run", "../support-intent/run"):
         assert read_report(root, MODEL, outside) is None
     assert read_report(root, "never-monitored") is None and latest_summary(root, "never-monitored") is None
+
+
+def test_a_streaming_champion_is_compared_with_its_prepared_parquet(spark, champion, tmp_path):
+    """dataset_mode=streaming trains on the prepared Parquet (split=train/ under it), not a dataset."""
+    import datasets
+
+    train = datasets.load_from_disk(champion["dataset_uri"])["train"]
+    names = train.features["label"].names
+    prepared = tmp_path / "prepared"
+    spark.createDataFrame(
+        [(t, names[i], "train") for t, i in zip(train["text"], train["label"], strict=True)],
+        "text string, label string, split string",
+    ).write.partitionBy("split").parquet(str(prepared))
+    drift_data.unshifted_traffic(spark, str(tmp_path / "feedback"))
+    result = _monitor(spark, champion, tmp_path, dataset_uri=str(prepared))
+    assert result.status == "no_drift", result.message
+    assert result.reference_rows == train.num_rows
+
+
+def test_a_training_split_that_is_gone_says_how_to_fix_it(tmp_path):
+    from sparktune.serve.drift import DriftError, reference_frame
+
+    with pytest.raises(DriftError, match="cannot be read from .*run llm_finetune again"):
+        reference_frame(str(tmp_path / "deleted"), champion_predictions_csv=None, max_rows=10)

@@ -161,37 +161,53 @@ def reference_frame(
 ) -> pd.DataFrame:
     """The champion's training split (``text``, ``label`` by name), at most ``max_rows`` (a seeded
     sample beyond), with the champion's scores on its test split beside it in ``score`` (NaN
-    elsewhere: each check reads only its own column's values)."""
+    elsewhere: each check reads only its own column's values).
+
+    ``dataset_uri`` is what the champion trained on: the published DatasetDict, or with
+    ``dataset_mode=streaming`` the prepared Parquet (``split=train/`` under it)."""
     import numpy as np
     import pandas as pd
-    from sparktune.data.published_dataset import open_dataset
 
-    try:
-        train = open_dataset(dataset_uri, storage_options)["train"]
-    except (FileNotFoundError, KeyError) as exc:
-        raise DriftError(
-            f"The champion's training split cannot be read from {dataset_uri}: {exc}. Fix: the dataset "
-            "the champion trained on (its run's sparktune.dataset_path tag) must still exist; run "
-            "llm_finetune again to materialize it, or promote a model whose dataset is kept."
-        ) from exc
-    if train.num_rows > max_rows:
-        train = train.shuffle(seed=seed).select(range(max_rows))
-    label_feature = train.features.get("label")
-    labels = train["label"]
-    names = getattr(label_feature, "names", None)
-    frame = pd.DataFrame(
-        {
-            "text": train["text"],
-            "label": [names[i] if names is not None else str(i) for i in labels] if names else labels,
-            "score": np.nan,
-        }
-    )
+    texts, labels = _training_split(dataset_uri, max_rows, seed, storage_options)
+    frame = pd.DataFrame({"text": texts, "label": labels, "score": np.nan})
     if champion_predictions_csv:
         scores = pd.read_csv(champion_predictions_csv, usecols=["score"])["score"].to_numpy(dtype=float)
         # The test split is usually smaller than the train sample: the scores fill the first rows.
         scores = scores[: len(frame)]
         frame.loc[: len(scores) - 1, "score"] = scores
     return frame
+
+
+def _training_split(
+    dataset_uri: str, max_rows: int, seed: int, storage_options: dict | None
+) -> tuple[list[str], list[str]]:
+    import fsspec
+    import numpy as np
+    from sparktune.data.published_dataset import open_dataset
+
+    fs, path = fsspec.core.url_to_fs(dataset_uri, **(storage_options or {}))
+    prepared = f"{path.rstrip('/')}/split=train"
+    if fs.exists(prepared):
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(prepared, filesystem=fs, format="parquet").to_table(columns=["text", "label"])
+        if table.num_rows > max_rows:
+            rows = np.sort(np.random.default_rng(seed).choice(table.num_rows, max_rows, replace=False))
+            table = table.take(rows)
+        return table.column("text").to_pylist(), [str(v) for v in table.column("label").to_pylist()]
+    try:
+        train = open_dataset(dataset_uri, storage_options)["train"]
+    except (FileNotFoundError, KeyError) as exc:
+        raise DriftError(
+            f"The champion's training split cannot be read from {dataset_uri}: {exc}. Fix: the data "
+            "the champion trained on (its run's sparktune.dataset_path tag) must still exist; run "
+            "llm_finetune again to materialize it, or promote a model whose dataset is kept."
+        ) from exc
+    if train.num_rows > max_rows:
+        train = train.shuffle(seed=seed).select(range(max_rows))
+    names = getattr(train.features.get("label"), "names", None)
+    labels = train["label"]
+    return train["text"], [names[i] for i in labels] if names else [str(v) for v in labels]
 
 
 def compare(
