@@ -118,3 +118,5 @@ def test_too_little_traffic_succeeds_with_a_summary_and_no_link(operator_env, tm
 def test_a_model_without_a_champion_fails_without_retries(operator_env, tmp_path):
     with pytest.raises(AirflowFailException, match="has no champion to monitor"):
         MonitorChampionOperator(task_id="compare", model_name="unknown-model").execute(_context(tmp_path))
+    with pytest.raises(AirflowFailException, match="model_name is empty"):
+        MonitorChampionOperator(task_id="compare", model_name=" ").execute(_context(tmp_path))

@@ -144,6 +144,8 @@ class MonitorChampionOperator(UsesMLflowConnection, PySparkOperator):
         check_allowed_location("feedback_uri", self.feedback_uri)
         check_allowed_location("captures_uri", self.captures_uri)
         model_name = str(self.model_name or "").strip()
+        if not model_name:
+            raise AirflowFailException("model_name is empty. Fix: name the registered model to monitor.")
         version, dataset_uri, predictions_csv = self._champion(model_name, context)
         end = context.get("logical_date") or context["dag_run"].run_after
         start = end - timedelta(hours=_whole(self.window_hours, "window_hours", 1))
@@ -162,7 +164,7 @@ class MonitorChampionOperator(UsesMLflowConnection, PySparkOperator):
             "champion_predictions_csv": predictions_csv,
             "feedback_uri": self.feedback_uri or settings().feedback_uri,
             "captures_uri": self.captures_uri or settings().serving_captures_uri,
-            # As text: the callable may run in another process (spark-submit on a cluster).
+            # ISO text, as every other argument is a plain value the task log can show.
             "start": start.isoformat(),
             "end": end.isoformat(),
             "output_uri": f"{model_root}/{path_segment(context['ti'].run_id)}",
