@@ -295,6 +295,8 @@ def test_the_latest_drift_summary_shows_and_its_report_opens_for_signed_in_users
     assert "page-intent: texts 0.97 &gt; 0.6." in line and f'href="drift?model={MODEL}"' in line
     report = client.get(f"{PAGE}drift?model={MODEL}")
     assert report.status_code == 200 and "the Evidently report" in report.text
+    # Served texts are in the report unescaped: its scripts run sandboxed, outside the UI's origin.
+    assert report.headers["content-security-policy"] == "sandbox allow-scripts"
     same = client.get(f"{PAGE}drift", params={"model": MODEL, "run": run_folder.name})
     assert same.text == report.text
     missing = client.get(f"{PAGE}drift", params={"model": MODEL, "run": ".."})

@@ -53,6 +53,14 @@ URL_PREFIX = "/sparktune"  # where the plugin mounts the app
 PAGE_PATH = "models/"  # the page, relative to URL_PREFIX (the external view's href)
 API_APP_SCOPE_KEY = "sparktune.api_app"
 PAGE_SOURCE = "the Models page"
+# A drift report holds texts anyone could send the server, and Evidently writes them into its page's
+# script unescaped ("</script>" included). Sandboxed, the page runs its charts' scripts in an origin
+# of its own: no script in it reads the UI's session or calls Airflow's API as the signed-in user.
+REPORT_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "sandbox allow-scripts",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 @dataclass(frozen=True)
@@ -257,7 +265,7 @@ def create_app(
             return await page(
                 request, signed, error=f"No drift report of {model!r} (run {run or 'latest'!r}).", status=404
             )
-        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
+        return HTMLResponse(html, headers=REPORT_HEADERS)
 
     @app.post("/models/rollback")
     async def rollback(
