@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -309,24 +308,15 @@ def write_outputs(
     output_uri: str, latest_uri: str, snapshot: Any, summary: dict[str, Any]
 ) -> tuple[str | None, str]:
     """The report (when there is one) and the summary under ``output_uri``, the summary again at
-    ``latest_uri``; each written under a hidden name and renamed, so a reader never sees half a file."""
+    ``latest_uri``; each written whole (:func:`sparktune.core.files.publish_file`)."""
     import fsspec
+    from sparktune.core.files import publish_file
 
     root = output_uri.rstrip("/")
     fs, path = fsspec.core.url_to_fs(root)
-    fs.makedirs(path, exist_ok=True)
 
     def publish(target_fs: Any, target: str, data: bytes) -> None:
-        folder = target.rsplit("/", 1)[0]
-        target_fs.makedirs(folder, exist_ok=True)
-        temporary = f"{folder}/.{uuid.uuid4().hex}.tmp"
-        try:
-            with target_fs.open(temporary, "wb") as stream:
-                stream.write(data)
-            target_fs.mv(temporary, target)
-        finally:
-            if target_fs.exists(temporary):
-                target_fs.rm(temporary)
+        publish_file(target_fs, target, lambda stream: stream.write(data))
 
     report_uri = None
     if snapshot is not None:

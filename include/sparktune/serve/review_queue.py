@@ -34,7 +34,6 @@ from __future__ import annotations
 import csv
 import io
 import logging
-import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -357,22 +356,14 @@ def write_review_queue(queue: Any, output_uri: str) -> tuple[str, str]:
     and one Parquet file under ``output_uri``; their URIs."""
     import fsspec
     import pyarrow.parquet as pq
+    from sparktune.core.files import publish_file
 
     table = _as_queue(queue)
     root = output_uri.rstrip("/")
     fs, path = fsspec.core.url_to_fs(root)
-    fs.makedirs(path, exist_ok=True)
 
     def publish(name: str, write: Any) -> str:
-        # Written under a hidden name, then renamed: a reader (or a rerun's crash) never leaves half a file.
-        temporary = f"{path}/.{name}.{uuid.uuid4().hex}.tmp"
-        try:
-            with fs.open(temporary, "wb") as stream:
-                write(stream)
-            fs.mv(temporary, f"{path}/{name}")
-        finally:
-            if fs.exists(temporary):
-                fs.rm(temporary)
+        publish_file(fs, f"{path}/{name}", write)
         return f"{root}/{name}"
 
     csv_uri = publish(CSV_NAME, lambda stream: stream.write(_csv_text(table).encode(CSV_ENCODING)))
