@@ -278,10 +278,8 @@ def most_drifted_texts(
     model that did not see it.
     """
     import numpy as np
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
+    from sparktune.release.baseline import baseline_model
 
     texts = np.concatenate([reference["text"].astype(str).to_numpy(), current["text"].astype(str).to_numpy()])
     is_current = np.concatenate([np.zeros(len(reference), dtype=int), np.ones(len(current), dtype=int)])
@@ -289,10 +287,8 @@ def most_drifted_texts(
     if folds < 2:
         ranked = current.assign(drift_score=np.nan)
         return ranked.head(count)
-    classifier = make_pipeline(
-        TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=1),
-        LogisticRegression(max_iter=1000, class_weight="balanced"),
-    )
+    # The project's TF-IDF baseline, weighted: the window is usually far smaller than the reference.
+    classifier = baseline_model(seed).set_params(logisticregression__class_weight="balanced")
     probability = cross_val_predict(
         classifier,
         texts,
