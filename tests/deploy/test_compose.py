@@ -226,6 +226,18 @@ def test_mlflow_server_options_exist(services):
     assert not unknown, f"mlflow server has no option(s) {unknown}; known: {sorted(known)}"
 
 
+def test_every_mlflow_server_the_project_starts_runs_without_the_job_runner(services):
+    # MLflow's job runner (a huey consumer and its workers, for MLflow's own jobs) costs a server
+    # start about 40 s; the project runs no MLflow jobs. The variable is the one MLflow reads.
+    from mlflow.environment_variables import MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+    from sparktune_dev.stack import MLFLOW_SERVER_ENV
+
+    assert {MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name: "false"} == MLFLOW_SERVER_ENV
+    assert env_of(services["mlflow"])[MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name] == "false"
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"{MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name}=false $(VENV)/bin/mlflow ui" in makefile
+
+
 def test_the_serving_service_runs_make_serves_server_against_the_compose_mlflow(services):
     from sparktune.serve.__main__ import build_parser
     from sparktune.serve.settings import ServingSettings

@@ -61,7 +61,13 @@ from sparktune.release.registry import (
     audit_log,
 )
 from sparktune_airflow import PromoteModelOperator, PromotionGateOperator, RegisterModelOperator
-from sparktune_dev.stack import StackConfig, drop_databases, ensure_databases, mlflow_command
+from sparktune_dev.stack import (
+    MLFLOW_SERVER_ENV,
+    StackConfig,
+    drop_databases,
+    ensure_databases,
+    mlflow_command,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -249,7 +255,8 @@ class MlflowServer:
     def start(self, timeout: float = 120) -> None:
         log = open(self.config.home / "mlflow-server.log", "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            mlflow_command(self.config), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            mlflow_command(self.config), env={**os.environ, **MLFLOW_SERVER_ENV},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             cwd=self.config.home,
         )  # fmt: skip
         deadline = time.monotonic() + timeout

@@ -60,6 +60,16 @@ def test_services_listen_on_loopback_only_and_the_api_wants_a_login(stack):
     assert wrong.value.status in (401, 403)  # the generated password, never a default one
 
 
+def test_the_mlflow_server_runs_without_mlflows_job_runner(stack):
+    # The job runner (huey consumers for MLflow's own jobs) costs a start about 40 s; unused here.
+    from sparktune_dev.stack import _read_pids
+
+    server = psutil.Process(_read_pids(stack.config)["mlflow"])
+    processes = [server, *server.children(recursive=True)]
+    runners = [" ".join(p.cmdline()) for p in processes if "mlflow.server.jobs" in " ".join(p.cmdline())]
+    assert not runners, runners
+
+
 def test_the_stack_signs_with_long_private_keys_and_its_spark_drivers_bind_loopback(stack):
     """The generated secrets of the running stack (issue 22), and the address each task's Spark
     driver binds: a driver runs only while a task does, so its environment is what is checked."""

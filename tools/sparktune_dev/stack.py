@@ -55,6 +55,9 @@ PORT_ENVS = {
     "serving_port": "SPARKTUNE_STACK_SERVING_PORT",
 }
 AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+# MLflow 3's server also starts a job runner and its workers (for MLflow's own background jobs,
+# which this project does not use) unless told not to: a start took 44 s with it, 7 s without.
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 class StackError(RuntimeError):
@@ -239,6 +242,7 @@ def stack_env(
             # Spark's RPC, block manager and web UIs (master, worker, each driver) bind here.
             "SPARK_LOCAL_IP": config.host,
             "SPARK_LOG_DIR": str(state / "logs"),
+            **MLFLOW_SERVER_ENV,
         }
     )
     if config.executor == "celery":
