@@ -66,6 +66,22 @@ def test_task_retries_come_from_the_environment_with_a_clear_error_when_wrong(mo
             task_defaults()
 
 
+def test_the_retry_delay_comes_from_the_environment_with_a_clear_error_when_wrong(monkeypatch):
+    from datetime import timedelta
+
+    from sparktune_airflow.core.dag_defaults import task_defaults
+
+    monkeypatch.delenv("SPARKTUNE_TASK_RETRY_DELAY_SECONDS", raising=False)
+    defaults = task_defaults()
+    assert defaults["retry_delay"] == timedelta(seconds=30) and defaults["retry_exponential_backoff"]
+    monkeypatch.setenv("SPARKTUNE_TASK_RETRY_DELAY_SECONDS", "2.5")
+    assert task_defaults()["retry_delay"] == timedelta(seconds=2.5)
+    for wrong in ("-1", "soon"):
+        monkeypatch.setenv("SPARKTUNE_TASK_RETRY_DELAY_SECONDS", wrong)
+        with pytest.raises(ValueError, match=f"SPARKTUNE_TASK_RETRY_DELAY_SECONDS='{wrong}' is not a number"):
+            task_defaults()
+
+
 def test_trigger_form_carries_every_spec_with_bounds_and_enums():
     params = form_params()
     assert set(params) == set(PipelineParams.model_fields)

@@ -34,8 +34,13 @@ except ImportError:  # rootdir-relative import, as pytest puts this folder on sy
 
 STACK_ROWS = 2500  # the generated training source, as in the e2e module
 INCOMING_ROWS = 300  # the texts batch_inference scores after the promotion
-# Seconds without a heartbeat before the scheduler fails a task and retries it (Airflow: 300).
-TASK_HEARTBEAT_TIMEOUT = 30
+# Seconds without a heartbeat before the scheduler fails a task and retries it (Airflow: 300), and
+# how often it looks (Airflow: 10): rest_run kills a worker and waits for Airflow to notice.
+TASK_HEARTBEAT_TIMEOUT = 20
+HEARTBEAT_CHECK_SECONDS = 5
+# The first retry's delay (the pipeline's default: 30 s), doubling after each: the killed worker's
+# retries wait this out, and nothing here needs the production pause between tries.
+RETRY_DELAY_SECONDS = 5
 # The Celery broker's database on the local Redis: emptied when the session's stack starts, so no
 # message a stopped session left reaches this stack's workers.
 REDIS_DB = 9
@@ -158,9 +163,13 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
             # A task whose heartbeat is older than this is failed and retried (default 300 s):
             # rest_run kills the Celery worker that runs train.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": str(
+                HEARTBEAT_CHECK_SECONDS
+            ),
             # Tries of train on the other host fail while the first try's training runs; enough
-            # retries (30 s, 60 s, 120 s, 240 s apart) that one comes after it has finished.
-            "SPARKTUNE_TASK_RETRIES": "4",
+            # retries (5 s, 10 s, ... 160 s apart) that one comes after it has finished.
+            "SPARKTUNE_TASK_RETRY_DELAY_SECONDS": str(RETRY_DELAY_SECONDS),
+            "SPARKTUNE_TASK_RETRIES": "6",
             # Credentials planted in the MLflow connection (the server runs without auth and ignores
             # them): test_full_stack shows they reach no log, XCom, template, tag or lineage event.
             "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(

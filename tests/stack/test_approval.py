@@ -185,7 +185,7 @@ def test_no_answer_in_time_leaves_the_champion_and_records_the_timeout(stack, re
     """``approval_timeout_minutes`` passes with no answer: the scheduler answers with the request's
     default, Reject, as no one; recorded as ``timed_out``, never as a person's rejection."""
     before = _champion(stack)
-    run_id = _start(stack, max_steps=7, approval_timeout_minutes=1)  # the least it takes
+    run_id = _start(stack, max_steps=7, approval_timeout_minutes=0.25)  # the least it takes
     run = stack.wait_for_run(DAG, run_id, timeout=1200)
     assert run["state"] == "success", _states(stack, run_id)
     states = _states(stack, run_id)
@@ -195,4 +195,4 @@ def test_no_answer_in_time_leaves_the_champion_and_records_the_timeout(stack, re
     tags = _version_tags(stack, version)
     assert tags["approval_decision"] == "timed_out" and not tags.get("approval_by")
     (record,) = _approval_records(stack, version)
-    assert record["reason"] == "no answer within 1 minute: rejected, the champion stays", record
+    assert record["reason"] == "no answer within 0.25 minutes: rejected, the champion stays", record

@@ -589,7 +589,8 @@ class ApprovalPolicy(ParamGroup):
         1440,
         "approval=required: with no answer after this long the request is rejected and the champion "
         "stays where it is.",
-        ge=1,
+        # A quarter of a minute at least: a rehearsal of the timeout need not wait a whole minute.
+        ge=0.25,
         le=100000,
         run_switch=True,
     )

@@ -3,6 +3,8 @@ notification on every task, and a deadline on every run.
 
 Limits come from the environment of the scheduler and workers (a DAG file is parsed before any run
 has params): ``SPARKTUNE_TASK_RETRIES`` (default 2) is how many times a failed task is tried again,
+``SPARKTUNE_TASK_RETRY_DELAY_SECONDS`` (default 30) how long after the first failure, doubling after
+each next one (at most 10 minutes apart),
 ``SPARKTUNE_TASK_TIMEOUT_MINUTES`` (default 180) bounds each task, training excepted (its param
 ``train_timeout_minutes``); ``SPARKTUNE_RUN_DEADLINE_MINUTES`` (default 720) is how long
 after it was queued a run may take before the team is told it is overdue (``off``: no deadline). The
@@ -15,13 +17,19 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from sparktune.core.config import RUN_DEADLINE_ENV, TASK_RETRIES_ENV, TASK_TIMEOUT_ENV
+from sparktune.core.config import (
+    RUN_DEADLINE_ENV,
+    TASK_RETRIES_ENV,
+    TASK_RETRY_DELAY_ENV,
+    TASK_TIMEOUT_ENV,
+)
 from sparktune.core.notifications import RUN_OVERDUE, TASK_FAILED
 from sparktune_airflow.core.notify import PipelineNotifier
 
 DEFAULT_TASK_TIMEOUT_MINUTES = 180.0
 DEFAULT_RUN_DEADLINE_MINUTES = 720.0
 DEFAULT_TASK_RETRIES = 2
+DEFAULT_TASK_RETRY_DELAY_SECONDS = 30.0
 
 # Transient faults (a lost executor, a busy MLflow server) get more tries (SPARKTUNE_TASK_RETRIES);
 # deterministic failures raise AirflowFailException and skip them.
@@ -65,12 +73,29 @@ def task_retries() -> int:
     return retries
 
 
+def task_retry_delay() -> timedelta:
+    """The wait before a failed task's first retry: ``SPARKTUNE_TASK_RETRY_DELAY_SECONDS`` (default
+    30). A test stack that kills workers on purpose shortens it; production keeps the default."""
+    raw = os.environ.get(TASK_RETRY_DELAY_ENV, "").strip()
+    try:
+        seconds = float(raw) if raw else DEFAULT_TASK_RETRY_DELAY_SECONDS
+    except ValueError:
+        seconds = -1.0
+    if seconds < 0:
+        raise ValueError(
+            f"{TASK_RETRY_DELAY_ENV}={raw!r} is not a number of seconds; set it to 0 or more, or unset "
+            f"it for {DEFAULT_TASK_RETRY_DELAY_SECONDS:g}"
+        )
+    return timedelta(seconds=seconds)
+
+
 def task_defaults() -> dict[str, Any]:
     """``default_args`` of the sparktune DAGs: retries, the task time limit, and a notification when
     a task fails with no retry left (Airflow calls ``on_failure_callback`` then, not on retries)."""
     return {
         **RETRY_DEFAULTS,
         "retries": task_retries(),
+        "retry_delay": task_retry_delay(),
         "execution_timeout": task_timeout(),
         "on_failure_callback": PipelineNotifier(TASK_FAILED),
     }
