@@ -94,6 +94,15 @@ def _group(nodeid: str) -> str:
     return next((group for prefix, group in SHARED_GROUPS.items() if path.startswith(prefix)), path)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controlling process, which sees every worker's reports
+        try:
+            from tests.suite_timing import SuiteTiming
+        except ImportError:  # tests/ is not a package: pytest put tests/ itself on sys.path
+            from suite_timing import SuiteTiming
+        config.pluginmanager.register(SuiteTiming(_group), "sparktune-suite-timing")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
 
@@ -117,6 +126,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _group(nodeid)
+
+        def _reschedule(self, node) -> None:
+            # xdist hands a worker its next group once two of its tests are left; with two long
+            # tests left (a DAG run each) the group waited behind them while the other worker ran
+            # out of work. A worker runs a test only once it knows the next one, so the next group
+            # goes out when one test is left: the least that keeps the worker going.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
 
     return GroupScheduling(config, log)
 
