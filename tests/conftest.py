@@ -197,6 +197,64 @@ def real_base_model(tmp_path_factory, worker_id):
     return lambda base_model: shared_real_model(tmp_path_factory, worker_id, base_model)
 
 
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A folder every xdist worker of this test run sees (each has a basetemp of its own under it)."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if worker_id != "master" else shared
+
+
+# Variables the test session set for unit tests; an embedded home uses its own state instead.
+_SESSION_STATE = ("AIRFLOW_HOME", "MLFLOW_TRACKING_URI", "SPARKTUNE_LAKE_URI")
+
+
+def _embedded_home_template(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A SPARKTUNE_HOME with a migrated Airflow database (and the runner's stamp of its schema) and a
+    created MLflow store, made once per test run: ``airflow db migrate`` and MLflow's first schema
+    migration cost each end-to-end home about 15 s of CPU otherwise. A deployment has both before its
+    first run. A first run in an empty home, which makes them itself as ``make demo`` does, is
+    tests/e2e/test_example_dags.py's (its home is not made from this one)."""
+    from filelock import FileLock
+
+    shared = _shared_dir(tmp_path_factory, worker_id)
+    template = shared / "embedded-home-template"
+    with FileLock(str(shared / "embedded-home-template.lock")):
+        if not (template / ".ready").is_file():
+            from sparktune.core.config import Settings
+            from sparktune.core.mlflow_client import mlflow_client
+            from sparktune_dev.embedded.environment import embedded_env, ensure_airflow_db
+
+            base = {k: v for k, v in os.environ.items() if k not in _SESSION_STATE}
+            ensure_airflow_db(embedded_env(template, base=base))
+            client = mlflow_client(Settings(home=template).embedded_mlflow_uri)
+            client.search_experiments(max_results=1)  # creates the store's tables
+            client.search_registered_models(max_results=1)
+            (template / ".ready").touch()
+    return template
+
+
+@pytest.fixture(scope="session")
+def embedded_home(tmp_path_factory, worker_id):
+    """A function: name -> a new SPARKTUNE_HOME for DAG runs on embedded defaults, its Airflow
+    database migrated and its MLflow store created (copied from one made once per test run)."""
+    import shutil
+
+    from sparktune.core.config import Settings
+    from sparktune_dev.embedded.environment import MIGRATED_STAMP
+
+    def make(name: str) -> Path:
+        template = Settings(home=_embedded_home_template(tmp_path_factory, worker_id))
+        home = tmp_path_factory.mktemp(name)
+        settings = Settings(home=home)
+        settings.airflow_home.mkdir(parents=True)
+        for file in ("airflow.db", MIGRATED_STAMP):
+            shutil.copy2(template.airflow_home / file, settings.airflow_home / file)
+        settings.mlflow_dir.mkdir(parents=True)
+        shutil.copy2(template.mlflow_dir / "mlflow.db", settings.mlflow_dir / "mlflow.db")
+        return home
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for every test that needs one (a JVM start costs seconds)."""

@@ -34,8 +34,8 @@ FAST_TRAINING: dict = {}
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory, install_base_model) -> Path:
-    home = tmp_path_factory.mktemp("e2e-home")
+def home(embedded_home, install_base_model) -> Path:
+    home = embedded_home("e2e-home")
     install_base_model(home)
     subprocess.run(
         [

