@@ -337,6 +337,14 @@ def rest_run(stack) -> dict:
     return run
 
 
+@pytest.fixture(scope="session")
+def form_runs() -> dict[str, str]:
+    """Runs the browser test triggered from the form, by what they are for (``approval``: a run that
+    asks for approval, which test_approval answers): a later module picks its run up here instead
+    of training one of its own."""
+    return {}
+
+
 @pytest.fixture(scope="module")
 def browser():
     """One chromium per module: Playwright's sync API runs an event loop on the main thread while it

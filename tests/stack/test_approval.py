@@ -6,7 +6,8 @@ The request and the answer are read over the HITL REST API; each decision is on 
 tags and in the audit log.
 
 The runs train a few steps with ``gate_mode=dry_run`` (the gate records its decision and lets the
-run through), so they reach the approval fast after the champion ``rest_run`` made.
+run through), so they reach the approval fast after the champion ``rest_run`` made. The one approved
+is the run the browser test triggered from the form (tests/stack/test_ui.py), when it did.
 """
 
 from __future__ import annotations
@@ -100,11 +101,12 @@ def _answer_in_the_browser(page, url: str, version: str, option: str, comment: s
 
 
 def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
-    stack, rest_run, notification_receivers, signed_in_page
+    stack, rest_run, form_runs, notification_receivers, signed_in_page
 ):
     smtp, webhook = notification_receivers
     before = _champion(stack)
-    run_id = _start(stack, max_steps=5)
+    # The form's run (test_ui) has the same conf; alone, this module starts its own over REST.
+    run_id = form_runs.get("approval") or _start(stack, max_steps=5)
     _wait_for_the_request(stack, run_id)
     version = _version_of(stack, run_id)
 

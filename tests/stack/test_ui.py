@@ -3,10 +3,10 @@
 Playwright drives Debian's chromium (``/usr/bin/chromium``, installed by ``make test``; never a
 ``playwright install`` download) the way an operator does: log in on SimpleAuthManager's page,
 open ``llm_finetune``, check its trigger form (typed fields, bounds, descriptions, defaults) and
-that it refuses bad input, change one field and trigger (the run it creates is checked, then
-stopped), then follow the ``train`` task's "MLflow run" extra link of the REST-triggered run
-(``rest_run``) to the MLflow server. Every step leaves a screenshot in
-``test-output/ui/`` at the repository root.
+that it refuses bad input, fill in the fields of a run that asks for approval and trigger it (the
+run it creates is the one tests/stack/test_approval.py approves in the browser), then follow the
+``train`` task's "MLflow run" extra link of the REST-triggered run (``rest_run``) to the MLflow
+server. Every step leaves a screenshot in ``test-output/ui/`` at the repository root.
 
 The selectors come from Airflow 3.3's React UI as it renders (what an upgrade may break:
 docs/known-issues.md, "Operations and testing"): form fields are ``input[name=element_<param>]``
@@ -32,8 +32,10 @@ except ImportError:  # rootdir-relative import, as pytest puts this folder on sy
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 
 DAG = "llm_finetune"
-# The one field changed in the form.
-CHANGED_FIELD, CHANGED_VALUE = "max_steps", 10
+# What the form run changes, field by field (the rest stays at its default): a run that trains a few
+# steps, records its gate decision without blocking (the champion is the REST run's, trained longer),
+# and asks the session's user to approve it. test_approval answers Approve.
+APPROVAL_RUN_STEPS = 5
 
 
 def _open_trigger_form(page, stack):
@@ -68,43 +70,23 @@ def _runs(stack) -> list[dict]:
     return stack.rest("GET", f"/dags/{DAG}/dagRuns?limit=100")["dag_runs"]
 
 
-def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, rest_run, signed_in_page):
+def test_trigger_form_run_and_mlflow_link_in_a_browser(stack, rest_run, form_runs, signed_in_page):
     page = signed_in_page
     started = time.monotonic()
     # A user's DAG is unpaused already (the REST test did it); make sure without changing anything else.
     stack.rest("PATCH", f"/dags/{DAG}", {"is_paused": False})
     _form_shows_typed_fields_with_bounds_descriptions_and_defaults(page, stack)
     _form_refuses_bad_input_before_a_run_starts(page, stack)
-    run_id = _trigger_with_one_field_changed(page, stack)
-    # The form's part ends with the run it created and the conf it sent. What happens after the trigger
-    # does not depend on how the run was created, and rest_run shows it on the same stack: stop this
-    # one (about three minutes of both cores otherwise) and read the train links of that one.
-    _mark_failed(stack, run_id)
+    # The form's part ends with the run it created and the conf it sent. The run goes on to ask for
+    # approval: test_approval answers it in the browser (one run for both, not one thrown away).
+    run_id = _trigger_an_approval_run(page, stack)
+    form_runs["approval"] = run_id
     assert rest_run["state"] == "success", {t: ti["state"] for t, ti in rest_run["tasks"].items()}
     page.goto(f"{stack.airflow_url}/dags/{DAG}/runs/{quote(rest_run['dag_run_id'], safe='')}")
     shot(page, "10-run-succeeded")
 
     mlflow_run_id = _follow_the_mlflow_run_link_of_train(page, stack, rest_run["dag_run_id"])
     print(f"UI test: form run {run_id}; MLflow run {mlflow_run_id} in {time.monotonic() - started:.0f} s")
-
-
-def _mark_failed(stack, run_id: str) -> None:
-    """Stop the form's run as a user would from the UI's "Mark as failed".
-
-    The run has just started, so the scheduler is writing its task instances while the API server
-    updates them: PostgreSQL can pick the API's transaction as a deadlock victim, which Airflow
-    answers with 500 "Database error". Setting a state is idempotent, so the user's answer (and
-    this one) is to send it again.
-    """
-    path = f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
-    for attempt in range(5):
-        try:
-            stack.rest("PATCH", path, {"state": "failed"})
-            return
-        except AssertionError as exc:  # stack_client.HTTPError, imported under either module name
-            if getattr(exc, "status", None) != 500 or "Database error" not in str(exc) or attempt == 4:
-                raise
-            time.sleep(2)
 
 
 def _form_shows_typed_fields_with_bounds_descriptions_and_defaults(page, stack) -> None:
@@ -174,18 +156,35 @@ def _form_refuses_bad_input_before_a_run_starts(page, stack) -> None:
     assert {run["dag_run_id"] for run in _runs(stack)} == runs_before, "a refused trigger started a run"
 
 
-def _trigger_with_one_field_changed(page, stack) -> str:
-    """Change one field to a valid value and trigger; the UI opens the new run's page. Its run id."""
+def _choose(page, dialog, param: str, option: str) -> None:
+    """Pick ``option`` in an enum param's dropdown (a react-select whose container has the field's id)."""
+    from playwright.sync_api import expect
+
+    dialog.locator(f"#element_{param}").click()
+    page.get_by_role("option", name=option, exact=True).click()
+    expect(dialog.locator(f'input[name="element_{param}"]')).to_have_value(option)
+
+
+def _trigger_an_approval_run(page, stack) -> str:
+    """Fill in a run that asks for approval (a number, two dropdowns, a text field) and trigger it;
+    the UI opens the new run's page. Its run id."""
     from playwright.sync_api import expect
 
     page.reload()
     dialog = _open_trigger_form(page, stack)
     _open_section(dialog, "Training")
-    field = _field(dialog, CHANGED_FIELD)
-    field.fill(str(CHANGED_VALUE))
-    field.press("Tab")
-    expect(field).to_have_value(str(CHANGED_VALUE))
-    shot(page, "08-max-steps-changed")
+    steps = _field(dialog, "max_steps")
+    steps.fill(str(APPROVAL_RUN_STEPS))
+    steps.press("Tab")
+    expect(steps).to_have_value(str(APPROVAL_RUN_STEPS))
+    _open_section(dialog, "Promotion")
+    _choose(page, dialog, "gate_mode", "dry_run")
+    _open_section(dialog, "Approval")
+    _choose(page, dialog, "approval", "required")
+    approvers = _field(dialog, "approvers")
+    approvers.fill(stack.username)
+    approvers.press("Tab")
+    shot(page, "08-approval-run-filled-in")
     _trigger_button(dialog).click()
     expect(page).to_have_url(re.compile(rf"/dags/{DAG}/runs/[^/?]+"))
     run_id = unquote(re.search(rf"/dags/{DAG}/runs/([^/?]+)", page.url).group(1))
@@ -194,8 +193,10 @@ def _trigger_with_one_field_changed(page, stack) -> str:
 
     run = stack.rest("GET", f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}")
     assert run["run_type"] == "manual" and run["triggered_by"] == "ui", run
-    assert run["conf"][CHANGED_FIELD] == CHANGED_VALUE
-    assert run["conf"]["lora_r"] == 16  # the form sent the defaults of what was not changed
+    conf = run["conf"]
+    assert conf["max_steps"] == APPROVAL_RUN_STEPS and conf["gate_mode"] == "dry_run", conf
+    assert conf["approval"] == "required" and conf["approvers"] == stack.username, conf
+    assert conf["lora_r"] == 16  # the form sent the defaults of what was not changed
     return run_id
 
 
