@@ -62,6 +62,91 @@ def test_eval_loss_is_the_completion_loss_training_reported(root, full_run):
     assert result.eval_loss == pytest.approx(full_run.val_loss, abs=1e-3)
 
 
+def _forward_calls(model):
+    """A list that gets one item per call of ``model`` (not of its layers), and its hook's handle."""
+    calls = []
+    return calls, model.register_forward_pre_hook(lambda module, args: calls.append(1))
+
+
+def test_a_causal_lm_is_evaluated_in_one_pass_with_the_two_pass_loss(root, full_run):
+    """The true label's loss is read from the candidates' scores: evaluating runs the model as
+    often as predicting alone, and gives the loss the separate completion_loss pass gave (the
+    path kept for a model whose logged scoring predates it)."""
+    import dataclasses
+
+    from sparktune.release.eval_inputs import load_split
+    from sparktune.release.evaluation import evaluate_model, load_for_evaluation
+
+    data = str(root / "data")
+    scorer = load_for_evaluation(
+        full_run.model_uri, data, tracking_uri=tiny_model.tracking_uri(root), batch_size=16
+    )
+    texts = [str(t) for t in load_split(data, "test", None)["text"]]
+    calls, hook = _forward_calls(scorer.model)
+    try:
+        scorer.predict(texts)
+        predicting = len(calls)
+        calls.clear()
+        one_pass = evaluate_model(
+            full_run.model_uri, data, scorer=scorer, batch_size=16, bootstrap_resamples=0
+        )
+        evaluating = len(calls)
+        calls.clear()
+        two_pass = evaluate_model(
+            full_run.model_uri,
+            data,
+            scorer=dataclasses.replace(scorer, predict_with_loss=None),
+            batch_size=16,
+            bootstrap_resamples=0,
+        )
+    finally:
+        hook.remove()
+    assert evaluating == predicting
+    assert len(calls) == predicting + 3  # the loss's own pass: 48 rows in batches of 16
+    assert one_pass.y_pred == two_pass.y_pred and one_pass.scores == two_pass.scores
+    assert one_pass.example_tokens == two_pass.example_tokens
+    assert one_pass.example_loss == pytest.approx(two_pass.example_loss, abs=1e-5)
+    assert one_pass.eval_loss == pytest.approx(two_pass.eval_loss, abs=1e-5)
+
+
+def test_rows_the_candidates_do_not_score_get_their_own_completion_loss(root, full_run, monkeypatch):
+    """A row whose prompt is not the one the model builds, or whose completion is no candidate's
+    (a label the model lacks, another template), is not what the candidate scoring scored: its
+    loss is completion_loss of its own strings, computed for those rows alone."""
+    import sparktune.core.label_scoring as scoring
+    import torch
+    from sparktune.release.eval_inputs import load_split, wrap_label_model
+    from sparktune.release.evaluation import load_for_evaluation
+
+    data = str(root / "data")
+    loaded = load_for_evaluation(full_run.model_uri, data, tracking_uri=tiny_model.tracking_uri(root))
+    spec = scoring.LabelSpec(scoring.CAUSAL_LM, loaded.spec.labels, loaded.spec.prompt_template)
+    scorer = wrap_label_model(loaded.model, loaded.tokenizer, spec, 4)
+    rows = load_split(data, "test", 10)
+    texts = [str(t) for t in rows["text"]]
+    targets = list(zip(rows["prompt"], rows["completion"], strict=True))
+    targets[1] = (targets[1][0].replace("[INST] ", "[INST]"), targets[1][1])
+    targets[4] = (targets[4][0], " cancel")
+    targets[7] = (targets[7][0], targets[7][1] + "\n")
+    apart = []
+    original = scoring.completion_loss
+
+    def counting(model, tokenizer, prompts, completions, batch_size):
+        apart.append(list(zip(prompts, completions, strict=True)))
+        return original(model, tokenizer, prompts, completions, batch_size)
+
+    monkeypatch.setattr(scoring, "completion_loss", counting)
+    predictions, scores, losses, tokens = scorer.predict_with_loss(texts, targets)
+    assert apart == [[targets[1], targets[4], targets[7]]]
+    assert (predictions, scores) == scorer.predict(texts)
+    with torch.inference_mode():
+        expected, counts = original(
+            loaded.model, loaded.tokenizer, *map(list, zip(*targets, strict=True)), 10
+        )
+    assert tokens == counts
+    assert losses == pytest.approx(expected, abs=1e-5)
+
+
 def test_registered_model_uri_gives_the_same_deterministic_result(root, full_run, test_result):
     import mlflow
     from sparktune.model.process_setup import using_tracking_uri
@@ -401,6 +486,34 @@ def test_a_classifier_of_other_labels_is_refused_unless_allowed_as_the_champion(
     result = evaluate_model(other, str(root / "data"), max_examples=8, allow_other_labels=True)
     assert result.model_labels == ["cancel", "upgrade"] and result.labels == list(tiny_model.LABELS)
     assert result.eval_accuracy == 0.0 and math.isnan(result.eval_loss) and "eval_loss" not in result.ci
+
+
+def test_a_classifier_is_evaluated_in_one_pass_with_the_two_pass_loss(root, tmp_path):
+    """A classifier's loss is its head's log-probability of the true label, which predicting
+    computed: no second pass, the same loss as classifier_loss's, no loss on a label it lacks."""
+    import torch
+    from sparktune.release.eval_inputs import load_split
+    from sparktune.release.evaluation import classifier_loss, evaluate_model, load_for_evaluation
+
+    data = str(root / "data")
+    folder = _classifier(tmp_path / "classifier", ["billing", "cancel", "login", "shipping"])
+    scorer = load_for_evaluation(folder, data, batch_size=8)
+    rows = load_split(data, "test", None)
+    texts = [str(t) for t in rows["text"]]
+    calls, hook = _forward_calls(scorer.model)
+    try:
+        scorer.predict(texts)
+        predicting = len(calls)
+        calls.clear()
+        result = evaluate_model(folder, data, scorer=scorer, batch_size=8, bootstrap_resamples=0)
+    finally:
+        hook.remove()
+    assert len(calls) == predicting
+    with torch.inference_mode():
+        truth = [tiny_model.LABELS[i] for i in rows["label"]]
+        losses, counts = classifier_loss(scorer.model, scorer.tokenizer, texts, truth, 8)
+    assert result.example_tokens == counts and 0 < sum(counts) < len(counts)  # refund: unknown
+    assert result.example_loss == pytest.approx(losses, abs=1e-5)
 
 
 def test_cli_scores_a_champion_of_another_label_set_and_pairs_the_shared_label_rows(root, full_run, tmp_path):

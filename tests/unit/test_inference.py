@@ -297,6 +297,37 @@ def test_prompts_whose_tokens_merge_with_the_label_fall_back_to_completion_loss(
     assert scores == pytest.approx(expected[1], abs=1e-4)
 
 
+def test_the_true_labels_loss_comes_from_the_candidate_scores_on_either_path(model_ref, rows):
+    """score_texts_with_loss gives score_texts's answers and each text's true label's loss and
+    token count as completion_loss gives them, whether the candidates went through the KV cache
+    or (prompts merging with the label, {text}{label}) through completion_loss."""
+    import dataclasses
+
+    import torch
+    from sparktune.core.label_scoring import (
+        completion_loss,
+        format_example,
+        score_texts,
+        score_texts_with_loss,
+    )
+    from sparktune.serve.inference import load_cached
+
+    loaded = load_cached(model_ref)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    texts = _mixed_length_texts(rows) + [r["text"] for r in rows[:6]]
+    truth = [tiny_model.LABELS[i % len(tiny_model.LABELS)] for i in range(len(texts))]
+    for template in (model_ref.prompt_template, "{text}{label}"):
+        ref = dataclasses.replace(model_ref, prompt_template=template)
+        targets = [format_example(template, text, label) for text, label in zip(texts, truth, strict=True)]
+        found = score_texts_with_loss(model, tokenizer, texts, ref, 4, targets)
+        assert found[:2] == score_texts(model, tokenizer, texts, ref, 4)
+        with torch.inference_mode():
+            losses, counts = completion_loss(model, tokenizer, *map(list, zip(*targets, strict=True)), 4)
+        assert found[3] == counts
+        # Float32 sums: at the untrained template's losses of ~100, 1e-5 is two ulps.
+        assert found[2] == pytest.approx(losses, rel=1e-6, abs=1e-5)
+
+
 def test_a_cache_that_cannot_be_reused_falls_back_to_completion_loss(model_ref, rows, monkeypatch):
     """A model whose cache holds recurrent state (or a short sliding window) is scored as before."""
     import sparktune.serve.inference

@@ -2,7 +2,9 @@
 
 Evaluation (the number that promotes a model), the smoke test, batch inference over Spark, the
 logged MLflow pyfunc (:mod:`sparktune.model.label_pyfunc`) and the serving endpoint all call
-:func:`score_texts`, so the accuracy the gate sees is the accuracy users get.
+:func:`score_texts`, so the accuracy the gate sees is the accuracy users get. Evaluation takes the
+same predictions from :func:`score_texts_with_loss`, with each true label's loss read from the
+same forward passes (a causal LM's candidate scores hold it): a model is evaluated in one pass.
 
 A causal LM (``task=causal_lm``) scores every candidate label (constrained scoring): the prompt is
 built with the training run's ``prompt_template`` (:func:`format_example`, the Python reference of
@@ -159,11 +161,41 @@ def score_texts(
     model: Any, tokenizer: Any, texts: list[str], spec: LabelSpec, batch_size: int
 ) -> tuple[list[str], list[float]]:
     """(prediction, score) per text, in input order; texts are scored in length-sorted batches."""
+    predictions, scores, _, _ = _score(model, tokenizer, texts, spec, batch_size, None)
+    return predictions, scores
+
+
+def score_texts_with_loss(
+    model: Any, tokenizer: Any, texts: list[str], spec: LabelSpec, batch_size: int, targets: list[Any]
+) -> tuple[list[str], list[float], list[float], list[int]]:
+    """:func:`score_texts`'s (prediction, score) per text, and the loss of each text's target
+    from the same forward passes: an evaluation needs both, and scoring a causal LM's candidates
+    already computed the true label's log-likelihood, which is its loss.
+
+    Causal LM: ``targets[i]`` is a (prompt, completion) row as training built it; its loss is
+    what :func:`completion_loss` gives that pair (summed cross-entropy over the completion's tokens
+    and eos, and their count). It is read from the candidates' scores when the prompt is the one
+    scored for ``texts[i]`` and the completion is a candidate's, which is what a row of the model's
+    own training data is. Any other row (a label the model has no candidate for, a template or a
+    text other than the model's) goes through ``completion_loss``, those rows alone.
+
+    Sequence classifier: ``targets[i]`` is a label; its loss is (cross-entropy, 1), or (0.0, 0)
+    for a label the head does not have.
+    """
+    if len(targets) != len(texts):
+        raise ValueError(f"one target per text: {len(texts)} texts, {len(targets)} targets")
+    return _score(model, tokenizer, texts, spec, batch_size, targets)
+
+
+def _score(
+    model: Any, tokenizer: Any, texts: list[str], spec: LabelSpec, batch_size: int, targets: list[Any] | None
+) -> tuple[list[str], list[float], list[float], list[int]]:
+    """(prediction, score, target loss, target tokens) per text; no losses without ``targets``."""
     import numpy as np
     import torch
 
     if not texts:
-        return [], []
+        return [], [], [], []
     prompt_ids: list[list[int]] = []
     if spec.task == CAUSAL_LM:
         prompts = [format_example(spec.prompt_template, text, "")[0] for text in texts]
@@ -173,20 +205,67 @@ def score_texts(
     else:
         prompts = texts
         lengths = [len(ids) for ids in tokenizer(texts, truncation=True)["input_ids"]]
+    # Per text, which candidate's numbers are its target's loss; None: computed apart (below).
+    wanted = _target_candidates(model, spec, prompts, targets) if targets is not None else []
     order = np.argsort(lengths, kind="stable")
     predictions: list[str] = [""] * len(texts)
     scores: list[float] = [0.0] * len(texts)
+    losses: list[float] = [0.0] * len(texts) if targets is not None else []
+    counts: list[int] = [0] * len(texts) if targets is not None else []
     with torch.inference_mode(), on_model_device(model):
         for begin in range(0, len(order), batch_size):
             rows = [int(i) for i in order[begin : begin + batch_size]]
             batch = [prompts[i] for i in rows]
             if spec.task == CAUSAL_LM:
-                labels, probs = _causal_lm_batch(model, tokenizer, batch, spec, [prompt_ids[i] for i in rows])
+                labels, probs, log_likelihood, tokens = _causal_lm_batch(
+                    model, tokenizer, batch, spec, [prompt_ids[i] for i in rows]
+                )
             else:
-                labels, probs = _classifier_batch(model, tokenizer, batch)
-            for i, label, prob in zip(rows, labels, probs, strict=True):
+                labels, probs, log_likelihood = _classifier_batch(model, tokenizer, batch)
+                tokens = None
+            for k, (i, label, prob) in enumerate(zip(rows, labels, probs, strict=True)):
                 predictions[i], scores[i] = label, prob
-    return predictions, scores
+                j = wanted[i] if targets is not None else None
+                if j is not None:
+                    losses[i] = -float(log_likelihood[k, j])
+                    counts[i] = 1 if tokens is None else tokens[k][j]
+        if targets is not None and spec.task == CAUSAL_LM:
+            apart = [i for i, j in enumerate(wanted) if j is None]
+            if apart:
+                found, found_counts = completion_loss(
+                    model,
+                    tokenizer,
+                    [str(targets[i][0]) for i in apart],
+                    [str(targets[i][1]) for i in apart],
+                    batch_size,
+                )
+                for i, loss, count in zip(apart, found, found_counts, strict=True):
+                    losses[i], counts[i] = loss, count
+    return predictions, scores, losses, counts
+
+
+def _target_candidates(
+    model: Any, spec: LabelSpec, prompts: list[str], targets: list[Any]
+) -> list[int | None]:
+    """Per text, the index of the candidate whose scored numbers are its target's loss, or None.
+
+    A causal LM's candidate is (the prompt scored, a candidate's completion) + eos, tokenized as
+    :func:`completion_loss` tokenizes a pair, so a target equal to it as strings has the same
+    tokens and the same loss. A target that differs in either string (a label outside the model's
+    set, a dataset built with another template, a text changed after its prompt was built) is not
+    what was scored: None, and its loss is computed from its own strings. A classifier's candidate
+    is its head's label of that name; a label it lacks is None, with no loss (0.0 over 0 tokens).
+    """
+    if spec.task == CAUSAL_LM:
+        candidate = {}
+        for j, completion in enumerate(_completions(spec)):
+            candidate.setdefault(completion, j)
+        return [
+            candidate.get(str(completion)) if str(prompt) == scored else None
+            for scored, (prompt, completion) in zip(prompts, targets, strict=True)
+        ]
+    head = {str(name): int(i) for i, name in model.config.id2label.items()}
+    return [head.get(str(label)) for label in targets]
 
 
 def _token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
@@ -216,8 +295,10 @@ def _causal_lm_batch(
     prompts: list[str],
     spec: LabelSpec,
     prompt_ids: list[list[int]] | None = None,
-) -> tuple[list[str], list[float]]:
+) -> tuple[list[str], list[float], Any, list[list[int]]]:
     """Each candidate label's log-likelihood after each prompt; softmax over the candidates.
+    Returns the predictions, their probabilities, the log-likelihoods (prompts x candidates,
+    float64) and how many tokens each sums over (what ``completion_loss`` counts for the pair).
 
     The numbers are those of :func:`completion_loss` (which tokenizes
     prompt + completion + eos as training did and scores the tokens after the prompt's), computed
@@ -238,11 +319,14 @@ def _causal_lm_batch(
     shared: list[int] = []
     fallback: list[int] = []
     tails: list[list[int]] = []
+    # completion_loss counts a pair's tokens after its prompt's, here each tail's.
+    counts: list[list[int]] = [[] for _ in prompts]
     for i, ids in enumerate(prompt_ids):
         fulls = joint[i * n_labels : (i + 1) * n_labels]
         if ids and all(len(full) > len(ids) and full[: len(ids)] == ids for full in fulls):
             shared.append(i)
             tails.extend(full[len(ids) :] for full in fulls)
+            counts[i] = [len(full) - len(ids) for full in fulls]
         else:
             fallback.append(i)
     log_likelihood = torch.zeros((len(prompts), n_labels), dtype=torch.float64)
@@ -256,7 +340,7 @@ def _causal_lm_batch(
             log_likelihood[shared] = found.view(len(shared), n_labels)
     if fallback:
         completions = _completions(spec)
-        losses, _ = completion_loss(
+        losses, found_counts = completion_loss(
             model,
             tokenizer,
             [prompts[i] for i in fallback for _ in range(n_labels)],
@@ -264,9 +348,11 @@ def _causal_lm_batch(
             len(fallback) * n_labels,
         )
         log_likelihood[fallback] = -torch.tensor(losses, dtype=torch.float64).view(len(fallback), n_labels)
+        for k, i in enumerate(fallback):
+            counts[i] = found_counts[k * n_labels : (k + 1) * n_labels]
     probs = torch.softmax(log_likelihood, dim=1)
     best = probs.argmax(dim=1)
-    return [spec.labels[int(i)] for i in best], probs.max(dim=1).values.tolist()
+    return [spec.labels[int(i)] for i in best], probs.max(dim=1).values.tolist(), log_likelihood, counts
 
 
 def _shared_prompt_log_likelihood(
@@ -592,7 +678,9 @@ def _cache_reusable(cache: Any, length: int) -> bool:
     return True
 
 
-def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[list[str], list[float]]:
+def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[list[str], list[float], Any]:
+    """Predictions, their probabilities and the log-probabilities of every label of the head
+    (texts x ``config.id2label`` ids: minus each its cross-entropy)."""
     import torch
 
     id2label = {int(i): str(name) for i, name in model.config.id2label.items()}
@@ -603,4 +691,4 @@ def _classifier_batch(model: Any, tokenizer: Any, texts: list[str]) -> tuple[lis
     ).logits.float()
     probs = torch.softmax(logits, dim=-1)
     best = probs.max(dim=-1)
-    return [id2label[int(i)] for i in best.indices], best.values.tolist()
+    return [id2label[int(i)] for i in best.indices], best.values.tolist(), torch.log_softmax(logits, dim=-1)

@@ -27,12 +27,20 @@ class EvaluationInputError(ValueError):
 class LabelScorer:
     """A model ready to predict through the pyfunc path: ``predict(texts)`` returns (labels, scores)
     exactly as ``mlflow.pyfunc.load_model(uri).predict`` does; ``model`` and ``tokenizer`` are the
-    pyfunc's own, for the loss."""
+    pyfunc's own, for the loss.
+
+    ``predict_with_loss(texts, targets)``: the same predictions from the pyfunc's own scoring
+    module, with each target's loss and token count from the same forward passes
+    (``score_texts_with_loss`` of :mod:`sparktune.core.label_scoring`); None for a model whose
+    logged scoring predates it, whose loss then takes a pass of its own."""
 
     predict: Callable[[list[str]], tuple[list[str], list[float]]]
     model: Any
     tokenizer: Any
     spec: Any
+    predict_with_loss: (
+        Callable[[list[str], list[Any]], tuple[list[str], list[float], list[float], list[int]]] | None
+    ) = None
 
 
 def load_label_model(
@@ -65,7 +73,30 @@ def load_label_model(
         out = pyfunc.predict(pd.DataFrame({"text": texts}), params={"batch_size": batch_size})
         return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
 
-    return LabelScorer(predict, model, tokenizer, inner.spec)
+    return LabelScorer(
+        predict,
+        model,
+        tokenizer,
+        inner.spec,
+        _with_loss(getattr(inner, "scoring", None), model, tokenizer, inner.spec, batch_size),
+    )
+
+
+def _with_loss(scoring: Any, model: Any, tokenizer: Any, spec: Any, batch_size: int) -> Callable | None:
+    """``scoring.score_texts_with_loss`` on the pyfunc's model, tokenizer, spec and batch size, as
+    its ``predict`` calls ``scoring.score_texts`` (under inference mode); None when the scoring
+    module (a model's logged copy) has no such function."""
+    score = getattr(scoring, "score_texts_with_loss", None)
+    if score is None:
+        return None
+
+    def predict_with_loss(texts: list[str], targets: list[Any]) -> tuple:
+        import torch
+
+        with torch.inference_mode():
+            return score(model, tokenizer, texts, spec, batch_size, targets)
+
+    return predict_with_loss
 
 
 def _load_any(model_uri: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
@@ -162,7 +193,9 @@ def wrap_label_model(model: Any, tokenizer: Any, spec: Any, batch_size: int) -> 
         out = wrapped.predict(None, pd.DataFrame({"text": texts}))
         return [str(v) for v in out["prediction"]], [float(v) for v in out["score"]]
 
-    return LabelScorer(predict, model, tokenizer, spec)
+    return LabelScorer(
+        predict, model, tokenizer, spec, _with_loss(label_scoring, model, tokenizer, spec, batch_size)
+    )
 
 
 def load_base_label_model(

@@ -1,14 +1,15 @@
 """Evaluate a fine-tuned classifier on a frozen split of the materialized dataset.
 
-A causal LM (``task=causal_lm``) generates the label after the prompt (greedy, batched,
-left-padded) and a prediction counts when the generated text, stripped, equals the label
-string. The loss is the mean cross-entropy over the completion tokens (label and eos), tokenized
-exactly as TRL tokenized them for training, so it is comparable with the training run's
-``val_loss`` per token.
+A causal LM (``task=causal_lm``) predicts the candidate label most likely after the prompt
+(constrained scoring, :mod:`sparktune.core.label_scoring`). The loss is the mean cross-entropy
+over the completion tokens (label and eos), tokenized exactly as TRL tokenized them for training,
+so it is comparable with the training run's ``val_loss`` per token. It is read from the forward
+passes that score the candidates (the true label is one of them), so the model runs over the
+split once.
 
 A sequence classifier (``task=sequence_classification``, told apart by the loaded model's class)
 predicts the argmax of its head's logits over the text, mapped through ``config.id2label``; the
-loss is the mean cross-entropy of the true label, as the trainer's ``val_loss``.
+loss is the mean cross-entropy of the true label, as the trainer's ``val_loss``, from the same logits.
 
 Both return the same :class:`EvalResult`, so the gate and the registry downstream do not care.
 It also records the labels the model itself answers with (``model_labels``): a champion trained
@@ -246,17 +247,30 @@ def evaluate_model(
         )
 
     texts = [str(t) for t in dataset["text"]]
-    # The prediction path users get: the pyfunc's predict (sparktune.core.label_scoring.score_texts).
-    predictions, scores = scorer.predict(texts)
+    if scorer.predict_with_loss is not None:
+        # The prediction path users get (the pyfunc's scoring, sparktune.core.label_scoring), whose
+        # forward passes also give each row's loss: a causal LM's true completion is one of the
+        # candidates it scores, a classifier's true label one of its head's. A causal LM row whose
+        # prompt or completion is not what the model scores (a label it has no candidate for, a
+        # split built with another template) gets completion_loss of its own strings, alone.
+        targets = (
+            truth
+            if classifier
+            else [(str(p), str(c)) for p, c in zip(dataset["prompt"], dataset["completion"], strict=True)]
+        )
+        predictions, scores, example_loss, example_tokens = scorer.predict_with_loss(texts, targets)
+    else:
+        # A model logged with an older scoring module: its predict, then the loss in a pass of its own.
+        predictions, scores = scorer.predict(texts)
+        with torch.inference_mode():
+            if classifier:
+                example_loss, example_tokens = classifier_loss(model, tokenizer, texts, truth, batch_size)
+            else:
+                example_loss, example_tokens = completion_loss(
+                    model, tokenizer, list(dataset["prompt"]), list(dataset["completion"]), batch_size
+                )
     # Every prediction is one of the model's labels: none is invalid, even one the split lacks.
     known = set(names) | set(scorer.spec.labels)
-    with torch.inference_mode():
-        if classifier:
-            example_loss, example_tokens = classifier_loss(model, tokenizer, texts, truth, batch_size)
-        else:
-            example_loss, example_tokens = completion_loss(
-                model, tokenizer, list(dataset["prompt"]), list(dataset["completion"]), batch_size
-            )
     loss_tokens = sum(example_tokens)
     # Not one row has a label the classifier knows: a loss over no token would read 0, not "none".
     disjoint = classifier and loss_tokens == 0
