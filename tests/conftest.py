@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import sys
@@ -140,22 +141,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def _shared_base_model(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
-    """The built-in base model (``tiny-llama``), built once per test run and shared by the workers.
+    """The built-in base model (``tiny-llama``), built once per machine for this code and shared by
+    every test run and clone on it.
 
-    Building it is about 50 s of CPU (a tokenizer and 400 pre-training steps); every home that
-    trains would otherwise build the same model again. Building it is tested in
-    tests/unit/test_base_model.py.
+    Building it is about 50 s of CPU (a tokenizer and 400 pre-training steps; minutes on a busy
+    machine), and the first DAG run of a test run waited for it. The build is deterministic for the
+    same ``sparktune`` sources and torch, transformers and tokenizers releases, so those name its
+    folder in the user's cache: another clone or test run of the same code reuses it, and a change
+    to the builder builds anew. Building it is tested in tests/unit/test_base_model.py.
     """
-    from filelock import FileLock
+    from importlib.metadata import version
+
     from sparktune.core.config import TINY_BASE_MODEL
+    from sparktune.core.provenance import code_fingerprint
     from sparktune.model.base_model import ensure_base_model
 
-    shared = tmp_path_factory.getbasetemp()
-    if worker_id != "master":  # every xdist worker has a basetemp of its own under one parent
-        shared = shared.parent
-    models = shared / "shared-base-model"
-    with FileLock(str(shared / "shared-base-model.lock")):
-        return Path(ensure_base_model(TINY_BASE_MODEL, models))
+    releases = "-".join(version(name) for name in ("torch", "transformers", "tokenizers"))
+    key = hashlib.sha256(f"{code_fingerprint()}|{releases}".encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sparktune"
+    # ensure_base_model builds under a file lock and renames a finished folder into place: concurrent
+    # workers and test runs build it once, and a build cut short leaves nothing to reuse.
+    return Path(ensure_base_model(TINY_BASE_MODEL, cache / "test-base-models" / key))
 
 
 @pytest.fixture(scope="session")
