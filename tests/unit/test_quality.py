@@ -450,6 +450,29 @@ def test_every_prepared_defect_is_reported_at_once(defect_report, gx_root):
     ).items()
 
 
+def test_a_table_above_the_local_limit_is_validated_on_spark_with_the_same_report(
+    spark, gx_root, defect_report
+):
+    # Up to LOCAL_VALIDATION_MAX_ROWS the prepared rows are validated by pandas in the driver;
+    # above it they stay in Spark, and the report must read the same.
+    from sparktune.data import quality
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "path", list(sys.path))
+        patch.setattr(quality, "LOCAL_VALIDATION_MAX_ROWS", 0)
+        report = validate_prepared(
+            spark.createDataFrame(DEFECT_ROWS, COLUMNS), DEFECT_PARAMS, gx_root=gx_root, run_id="on-spark"
+        )
+    assert "sparktune_pandas-prepared_training_data.html" in defect_report.validation_pages[ROWS]
+    assert "sparktune_spark-prepared_training_data.html" in report.validation_pages[ROWS]
+    assert report.failures == defect_report.failures
+    assert report.warnings == defect_report.warnings
+    timing = "validation_seconds"
+    assert {k: v for k, v in report.statistics.items() if k != timing} == {
+        k: v for k, v in defect_report.statistics.items() if k != timing
+    }
+
+
 def test_raw_input_defects_are_reported_as_clear_lines(raw_defect_report, gx_root):
     report = raw_defect_report
     assert not report.success

@@ -21,9 +21,13 @@ if TYPE_CHECKING:
     from great_expectations.core.expectation_validation_result import ExpectationSuiteValidationResult
     from great_expectations.core.run_identifier import RunIdentifier
     from great_expectations.data_context import AbstractDataContext
+    from pandas import DataFrame as PandasFrame
     from pyspark.sql import DataFrame
 
 DATASOURCE_NAME = "sparktune_spark"
+# Batches already in the driver's memory (the per-label counts, a few rows) are validated by pandas:
+# on Spark each of their expectations ran as its own small jobs, 27 jobs for a table of a few labels.
+PANDAS_DATASOURCE_NAME = "sparktune_pandas"
 DATA_DOCS_SITE = "local_site"
 # Latest validation results listed in the Data Docs index (three per pipeline run).
 DATA_DOCS_RESULTS_LIMIT = 300
@@ -82,14 +86,23 @@ def data_docs_dir(context: AbstractDataContext) -> Path:
     return Path(context.root_directory) / base
 
 
-def _batch_definition(context: AbstractDataContext, asset_name: str) -> BatchDefinition:
+def _is_pandas(frame: Any) -> bool:
+    return type(frame).__module__.startswith("pandas.")
+
+
+def _batch_definition(context: AbstractDataContext, asset_name: str, *, pandas: bool) -> BatchDefinition:
     # Get-or-add each level: add_or_update on the data source would drop its assets and give
     # the batch definitions new ids, making the stored validation definitions stale.
+    name = PANDAS_DATASOURCE_NAME if pandas else DATASOURCE_NAME
     try:
-        source = context.data_sources.get(DATASOURCE_NAME)
+        source = context.data_sources.get(name)
     except KeyError:
         # persist=False: this module caches and unpersists the DataFrames itself.
-        source = context.data_sources.add_spark(DATASOURCE_NAME, persist=False)
+        source = (
+            context.data_sources.add_pandas(name)
+            if pandas
+            else context.data_sources.add_spark(name, persist=False)
+        )
     try:
         asset = source.get_asset(asset_name)
     except LookupError:
@@ -105,10 +118,11 @@ def run_batch(
     name: str,
     batch: str,
     rules: list[QualityRule],
-    frame: DataFrame,
+    frame: DataFrame | PandasFrame,
     identifier: RunIdentifier,
 ) -> tuple[Any, ExpectationSuiteValidationResult]:
-    """Validate one batch; when the row table fails, validate it again with the offending rows named.
+    """Validate one batch (a Spark or a pandas DataFrame); when the row table fails, validate it
+    again with the offending rows named.
 
     Naming the offending rows (SUMMARY with index columns) costs extra Spark jobs per
     expectation even when it passes, so the common, passing run on the row table asks for
@@ -116,18 +130,21 @@ def run_batch(
     the first one in the store and in Data Docs. The label counts table is tiny: it gets
     details at once. The raw input has no row key to name.
     """
+    pandas = _is_pandas(frame)
     checkpoint = _checkpoint(
-        context, name, f"{name}_checkpoint", batch, rules, detailed=batch == LABEL_COUNTS
+        context, name, f"{name}_checkpoint", batch, rules, detailed=batch == LABEL_COUNTS, pandas=pandas
     )
     key, result = _run(checkpoint, frame, identifier)
     if not result.success and batch == ROWS:
-        checkpoint = _checkpoint(context, name, f"{name}_detailed_checkpoint", batch, rules, detailed=True)
+        checkpoint = _checkpoint(
+            context, name, f"{name}_detailed_checkpoint", batch, rules, detailed=True, pandas=pandas
+        )
         key, result = _run(checkpoint, frame, identifier)
     return key, result
 
 
 def _run(
-    checkpoint: Checkpoint, frame: DataFrame, identifier: RunIdentifier
+    checkpoint: Checkpoint, frame: DataFrame | PandasFrame, identifier: RunIdentifier
 ) -> tuple[Any, ExpectationSuiteValidationResult]:
     outcome = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=identifier)
     ((key, result),) = outcome.run_results.items()
@@ -142,11 +159,13 @@ def _checkpoint(
     rules: list[QualityRule],
     *,
     detailed: bool,
+    pandas: bool = False,
 ) -> Checkpoint:
     import great_expectations as gx
 
     suite = gx.ExpectationSuite(name=name, expectations=[rule.to_expectation() for rule in rules])
-    definition = gx.ValidationDefinition(name=name, data=_batch_definition(context, name), suite=suite)
+    data = _batch_definition(context, name, pandas=pandas)
+    definition = gx.ValidationDefinition(name=name, data=data, suite=suite)
     # BASIC still shows observed values in Data Docs; BOOLEAN_ONLY would save about a Spark job
     # per expectation but leaves the passing run's page reading "unknown % not null".
     result_format: dict[str, Any] = {

@@ -180,7 +180,7 @@ def _examples(outcome: Mapping[str, Any], column: str | None) -> str:
     indexed = outcome.get("partial_unexpected_index_list") or []
     if indexed:
         shown = [
-            ", ".join(f"{key}={_short(value)}" for key, value in dict(item).items())
+            ", ".join(f"{key}={_short(value)}" for key, value in _index_first(dict(item), column))
             if isinstance(item, Mapping)
             else _short(item)
             for item in indexed[:EXAMPLES_PER_FAILURE]
@@ -190,7 +190,15 @@ def _examples(outcome: Mapping[str, Any], column: str | None) -> str:
     return ", ".join(f"{column}={_short(v)}" for v in values[:EXAMPLES_PER_FAILURE])
 
 
+def _index_first(item: dict[str, Any], column: str | None) -> list[tuple[str, Any]]:
+    """A row's index columns, then the checked column: the order Spark's results have, which
+    pandas' put the other way round."""
+    return sorted(item.items(), key=lambda pair: pair[0] == column)
+
+
 def _short(value: Any) -> str:
+    if type(value).__module__ == "numpy":  # pandas' results hold numpy scalars: 9.0, not np.float64(9.0)
+        value = value.item()
     text = repr(value)
     if len(text) > _MAX_VALUE_CHARS + 2:
         return f"{text[:_MAX_VALUE_CHARS]}... ({len(str(value))} chars)"
