@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 
 # Input bytes per dedupe partition, and at most this many partitions per input split.
 BYTES_PER_PARTITION = 32 << 20
+# Up to this many input bytes the dedupe keeps one partition whatever the cores: counting the
+# tokens of a few thousand rows takes a fraction of a second, while each partition's task starts a
+# Python worker of its own (pandas, pyarrow and the tokenizer imported: about a second of CPU).
+SINGLE_PARTITION_MAX_BYTES = 2 << 20
 MAX_PARTITIONS_PER_SPLIT = 4
 OUTPUT_COLUMNS = ("example_id", "text", "label", "prompt", "completion", "n_tokens", "split")
 QUARANTINE_COLUMNS = ("example_id", "text", "label", "quality", "reject_reason", "reject_detail")
@@ -220,7 +224,8 @@ def _dedupe_partitions(df: DataFrame) -> int:
     counting after the shuffle is the costly part, and 3 tasks on 2 cores would leave one core
     idle for a third of it. Spark's size estimate is the files' size for a file source (Parquet
     compressed, so about a quarter of the strings in memory); frames without one (built in the
-    driver, RDD-backed) get one partition per input split.
+    driver, RDD-backed) get one partition per input split. A small input (at most
+    ``SINGLE_PARTITION_MAX_BYTES``) gets one.
     """
     cores = max(1, df.sparkSession.sparkContext.defaultParallelism)
     splits = max(1, df.rdd.getNumPartitions())
@@ -228,6 +233,8 @@ def _dedupe_partitions(df: DataFrame) -> int:
         size: int | None = int(str(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()))
     except Exception:  # no estimate (a Spark Connect session, an exotic source)
         size = None
+    if size is not None and size <= SINGLE_PARTITION_MAX_BYTES:
+        return 1
     wanted = splits
     if size is not None and size < 2**50:  # an unknown size is reported as a huge placeholder
         wanted = min(splits * MAX_PARTITIONS_PER_SPLIT, max(splits, -(-size // BYTES_PER_PARTITION)))
