@@ -12,6 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 MODEL = "page-intent"
 MARKUP = '<script>alert("x")</script>'
 # Actors as the operators write them: airflow:<dag>/<run id>/<task>.
@@ -88,7 +93,7 @@ def build(root: Path) -> PageRegistry:
         def predict(self, context, model_input, params=None):
             return model_input
 
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("page-test", artifact_location=(root / "artifacts").as_uri())
     docs = root / "gx" / "data_docs" / "local_site"

@@ -12,6 +12,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 
 class TaskInstance:
     dag_id, run_id, task_id, map_index = "llm_finetune", "manual__1", "approve_champion", -1
@@ -64,7 +69,7 @@ def _detail(**response):
 def test_a_retry_uses_the_answer_its_earlier_try_received(monkeypatch, recorded, tmp_path):
     import airflow.sdk.execution_time.hitl as sdk_hitl
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path / "mlflow.db"))
 
     answered_at = datetime(2026, 11, 27, 5, 49, 53, tzinfo=UTC)
     monkeypatch.setattr(

@@ -15,6 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 LABELS = ["billing", "login"]
 
 
@@ -149,7 +154,7 @@ def registry(tmp_path, monkeypatch):
     from sparktune_airflow.core.mlflow import MLflowHook
 
     monkeypatch.setenv("SPARKTUNE_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path / "mlflow.db"))
     monkeypatch.setattr(domain_cli, "SubprocessHook", FakeSubprocessHook)
     FakeSubprocessHook.commands = []
     FakeSubprocessHook.champion_labels = None

@@ -9,6 +9,11 @@ from airflow.sdk import Asset
 from sparktune_airflow.core.assets import champion_asset, feedback_asset
 from sparktune_airflow.serve.batch_inference import champion_event, run_day
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 
 def _event(extra: dict, minute: int) -> SimpleNamespace:
     return SimpleNamespace(extra=extra, timestamp=datetime(2026, 11, 23, 10, minute, tzinfo=UTC))
@@ -56,7 +61,7 @@ def test_skip_unchanged_skips_a_rerun_of_the_champion_and_links_to_that_version(
     from sparktune_airflow import SkipUnchangedOperator
     from sparktune_airflow.core.links import model_version_url
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(uri)
     params = {"model_name": "intent"}

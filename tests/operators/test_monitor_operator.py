@@ -18,9 +18,11 @@ from sparktune_airflow.core.links import drift_report_url
 
 try:
     from tests import drift_data
+    from tests.mlflow_store import new_store
     from tests.receivers import WebhookReceiver
 except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
     import drift_data
+    from mlflow_store import new_store
     from receivers import WebhookReceiver
 
 pytestmark = pytest.mark.spark
@@ -38,7 +40,7 @@ def champion(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("monitored-champion")
     data = drift_data.publish_champion(root)
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("monitor", artifact_location=(root / "artifacts").as_uri())
     run = client.create_run(experiment, tags={"sparktune.dataset_path": data["dataset_uri"]})

@@ -14,6 +14,11 @@ except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.pat
 
 from sparktune.core import notifications
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 FAILURE = notifications.task_failed(
     dag_id="llm_finetune",
     run_id="manual__2026-11-26T10:00:00+00:00",
@@ -118,7 +123,7 @@ def test_the_guard_tells_the_team_of_a_champion_set_by_hand(receivers, tmp_path,
     from sparktune_airflow import ChampionGuardOperator
 
     smtp, webhook = receivers
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("AIRFLOW_CONN_MLFLOW_DEFAULT", raising=False)
 

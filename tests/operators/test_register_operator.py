@@ -10,6 +10,11 @@ from mlflow.tracking import MlflowClient
 from sparktune.model.process_setup import using_tracking_uri
 from sparktune_airflow import RegisterModelOperator
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 
 class _EchoModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
@@ -26,7 +31,7 @@ def _trained_run(uri: str, experiment: str) -> str:
 
 
 def test_a_tag_without_a_value_is_left_out(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     run_id = _trained_run(uri, "register-tags")
     # A catalog table has no source signature: the DAG's template renders None.
@@ -44,7 +49,7 @@ def test_a_tag_without_a_value_is_left_out(tmp_path, monkeypatch):
 def test_the_feedback_counts_and_overrides_file_reach_the_run_from_any_filesystem(tmp_path, monkeypatch):
     import fsspec
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     # The overrides file of a data version in a lake fsspec reaches (memory:// stands in for s3://).
     with fsspec.open("memory://lake/sources/v1/_label_overrides.csv", "w") as remote:

@@ -26,6 +26,11 @@ from sparktune.release.registry import (
 )
 from sparktune_airflow import RollbackChampionOperator
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 MODEL = "rollback-intent"
 
 
@@ -37,7 +42,7 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 @pytest.fixture
 def registry(tmp_path, monkeypatch) -> MlflowClient:
     """v1 and v2 of MODEL, each promoted in turn: v2 champion, v1 previous_champion."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # what the operator's MLflow connection falls back to
     client = MlflowClient(uri)
     experiment = client.create_experiment("rollback", artifact_location=(tmp_path / "artifacts").as_uri())

@@ -10,6 +10,11 @@ try:
 except ImportError:  # tests/ is not a package: pytest put tests/ and this folder on sys.path
     from serving_harness import KEYWORD_MODEL, V1_CONFIG, V2_CONFIG, LoggedVersion, Registry
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # tests/ is not a package: pytest put tests/ on sys.path
+    from mlflow_store import new_store
+
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory) -> Registry:
@@ -20,7 +25,7 @@ def registry(tmp_path_factory) -> Registry:
     from sparktune.model.process_setup import using_tracking_uri
 
     root = tmp_path_factory.mktemp("serving-registry")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     signature = infer_signature(
         pd.DataFrame({"text": ["a refund please"]}), pd.DataFrame({"prediction": ["x"], "score": [0.5]})
     )

@@ -9,6 +9,11 @@ from sparktune.model.process_setup import using_tracking_uri
 from sparktune.release.models_report import format_models_report, main, models_report, registry_missing, table
 from sparktune.release.registry import CANDIDATE, CHAMPION, move_alias, register_run_model, rollback_champion
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 MODEL = "report-intent"
 # Actors as the operators write them: airflow:<dag>/<run id>/<task>.
 REGISTER = "airflow:llm_finetune/manual__2026-11-23T18:40:02+00:00/register"
@@ -25,7 +30,7 @@ class _EchoModel(mlflow.pyfunc.PythonModel):
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-report")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     client = MlflowClient(uri)
     experiment = client.create_experiment("report-test", artifact_location=(root / "artifacts").as_uri())
     versions = []

@@ -25,12 +25,17 @@ from sparktune.release.registry import (
     rollback_champion,
 )
 
+try:
+    from tests.mlflow_store import new_store
+except ImportError:  # rootdir-relative import, as pytest puts tests/ on sys.path
+    from mlflow_store import new_store
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     # One database per module: creating MLflow's schema costs seconds.
     root = tmp_path_factory.mktemp("mlflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = new_store(root / "mlflow.db")
     experiment = MlflowClient(uri).create_experiment(
         "registry-test", artifact_location=(root / "artifacts").as_uri()
     )

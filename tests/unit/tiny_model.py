@@ -167,7 +167,14 @@ _RUNS: dict[tuple[str, str], object] = {}
 
 def workspace(root: Path) -> Path:
     """``root`` with ``model/``, ``data/`` and an MLflow SQLite store, built once."""
+    try:
+        from tests.mlflow_store import new_store
+    except ImportError:  # tests/ is not a package: pytest put tests/ on sys.path
+        from mlflow_store import new_store
+
     root.mkdir(parents=True, exist_ok=True)
+    if not (root / "mlflow.db").exists():
+        new_store(root / "mlflow.db")
     if not (root / "model" / "config.json").exists():
         build_model(root / "model")
     if not (root / "data" / "dataset_dict.json").exists():
