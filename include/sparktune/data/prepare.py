@@ -77,6 +77,8 @@ class PreparedData:
     label_conflicts: dict[str, Any] = field(default_factory=dict)
     # The template the prompts were built with (the run's, or the base model's chat template rendered).
     prompt_template: str = ""
+    # Partitions of rows and quarantine (the dedupe's, _dedupe_partitions).
+    partitions: int = 0
     _persisted: list[DataFrame] = field(default_factory=list, repr=False)
 
     def unpersist(self) -> None:
@@ -369,7 +371,8 @@ def prepare(
     # the shuffle by the input, not by spark.sql.shuffle.partitions: the result is cached, and
     # adaptive execution does not coalesce the partitions of a cached plan, so 200 mostly empty
     # partitions would be paid for by every count and write that follows.
-    staged = staged.repartition(_dedupe_partitions(df), "example_id")
+    partitions = _dedupe_partitions(df)
+    staged = staged.repartition(partitions, "example_id")
     order: list[Any] = ["_row_hash"]
     if ts_col:
         # The most recent copy wins; copies without a usable timestamp count as the oldest.
@@ -602,5 +605,6 @@ def prepare(
         findings=findings,
         label_conflicts=conflicts,
         prompt_template=prompt_template,
+        partitions=partitions,
         _persisted=[annotated],
     )

@@ -50,6 +50,16 @@ def publish(spark: SparkSession, write: Callable[[str], None], lake_uri: str, fi
     return True
 
 
+def _sorted(frame: DataFrame, partitions: int, *columns: str) -> DataFrame:
+    """``frame`` sorted by ``columns``, as one file per output folder when it is one partition.
+
+    A single partition is sorted where it is: ``orderBy`` would first run a Spark job to sample it
+    for a range shuffle, then shuffle it, only for adaptive execution to coalesce it back into one
+    partition, the same rows in the same order.
+    """
+    return frame.sortWithinPartitions(*columns) if partitions == 1 else frame.orderBy(*columns)
+
+
 def run_prepare(
     spark: SparkSession,
     params: PipelineParams,
@@ -91,7 +101,7 @@ def run_prepare(
         publish(
             spark,
             lambda tmp: (
-                prepared.quarantine.orderBy("reject_reason", "example_id", "text")
+                _sorted(prepared.quarantine, prepared.partitions, "reject_reason", "example_id", "text")
                 .write.mode("error")
                 .parquet(tmp)
             ),
@@ -103,7 +113,7 @@ def run_prepare(
         wrote_rows = publish(
             spark,
             lambda tmp: (
-                prepared.rows.orderBy("split", "example_id")
+                _sorted(prepared.rows, prepared.partitions, "split", "example_id")
                 .write.mode("error")
                 .partitionBy("split")
                 .parquet(tmp)
