@@ -450,26 +450,57 @@ def test_every_prepared_defect_is_reported_at_once(defect_report, gx_root):
     ).items()
 
 
+def _sorted_examples(lines: list[str]) -> list[str]:
+    """Each report line with its examples ("e.g. (...); (...)") in sorted order."""
+    result = []
+    for line in lines:
+        head, sep, tail = line.partition(", e.g. (")
+        if sep:
+            examples, close, rest = tail.partition(")")
+            while rest.startswith("; ("):
+                more, close, rest = rest[3:].partition(")")
+                examples += f"\0{more}"
+            line = head + sep + ") (".join(sorted(examples.split("\0"))) + close + rest
+        result.append(line)
+    return result
+
+
 def test_a_table_above_the_local_limit_is_validated_on_spark_with_the_same_report(
     spark, gx_root, defect_report
 ):
     # Up to LOCAL_VALIDATION_MAX_ROWS the prepared rows are validated by pandas in the driver;
-    # above it they stay in Spark, and the report must read the same.
+    # above it they stay in Spark, and the report must read the same. A row without an id and
+    # one without a token count besides the defects: nulls where pandas and Spark differ most.
     from sparktune.data import quality
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sys, "path", list(sys.path))
-        patch.setattr(quality, "LOCAL_VALIDATION_MAX_ROWS", 0)
-        report = validate_prepared(
-            spark.createDataFrame(DEFECT_ROWS, COLUMNS), DEFECT_PARAMS, gx_root=gx_root, run_id="on-spark"
-        )
-    assert "sparktune_pandas-prepared_training_data.html" in defect_report.validation_pages[ROWS]
-    assert "sparktune_spark-prepared_training_data.html" in report.validation_pages[ROWS]
-    assert report.failures == defect_report.failures
-    assert report.warnings == defect_report.warnings
+    rows = [*DEFECT_ROWS, (None, "a message without an id", "refund", "p", "refund", 20, "train")]
+    rows.append((_id("no-count"), "a message without a count", "refund", "p", "refund", None, "train"))
+    reports = {}
+    for limit in (quality.LOCAL_VALIDATION_MAX_ROWS, 0):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "path", list(sys.path))
+            patch.setattr(quality, "LOCAL_VALIDATION_MAX_ROWS", limit)
+            reports[limit] = validate_prepared(
+                spark.createDataFrame(
+                    rows,
+                    "example_id string, text string, label string, prompt string, "
+                    "completion string, n_tokens int, split string",
+                ),
+                DEFECT_PARAMS,
+                gx_root=gx_root,
+                run_id=f"limit-{limit}",
+            )
+    local, on_spark = reports[quality.LOCAL_VALIDATION_MAX_ROWS], reports[0]
+    assert "sparktune_pandas-prepared_training_data.html" in local.validation_pages[ROWS]
+    assert "sparktune_spark-prepared_training_data.html" in on_spark.validation_pages[ROWS]
+    assert {_rule(line) for line in local.failures} >= {"example_id_not_null", "n_tokens_not_null"}
+    assert "n_tokens=9999)" in next(line for line in local.failures if line.startswith("[n_tokens_range"))
+    # The same lines; each engine lists a rule's example rows in an order of its own.
+    assert _sorted_examples(local.failures) == _sorted_examples(on_spark.failures)
+    assert _sorted_examples(local.warnings) == _sorted_examples(on_spark.warnings)
     timing = "validation_seconds"
-    assert {k: v for k, v in report.statistics.items() if k != timing} == {
-        k: v for k, v in defect_report.statistics.items() if k != timing
+    assert {k: v for k, v in local.statistics.items() if k != timing} == {
+        k: v for k, v in on_spark.statistics.items() if k != timing
     }
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -362,31 +362,10 @@ def _validate_prepared(
     suite_name: str,
     labels: Sequence[str] | None,
 ) -> _Outcome:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
     rules = quality_rules(params, labels)
-    # The leakage rule needs each row's count of splits its id occurs in: one window, computed
-    # once into the cache. GX runs one Spark job per metric bundle: the cache spares them all
-    # from recomputing the plan.
-    splits_of_id = F.size(F.collect_set("split").over(Window.partitionBy("example_id")))
-    # The window shuffles into spark.sql.shuffle.partitions (200 by default) partitions, and adaptive
-    # execution does not coalesce a cached plan (prepare's dedupe met the same): every GX job then
-    # ran 200 mostly empty tasks, 4,800 tasks for 2,000 prepared rows and about half of
-    # validate_data's CPU. Back to as many partitions as the prepared data has (it grows with size).
-    frame = (
-        df.withColumn(ID_SPLITS_COLUMN, F.when(F.col("example_id").isNotNull(), splits_of_id).cast("int"))
-        .coalesce(max(1, df.rdd.getNumPartitions()))
-        .cache()
-    )
-    try:
-        counts_df, split_counts, n_labels, imbalance = _label_counts(frame, labels)
-        rows_frame: DataFrame | PandasFrame = frame
-        if sum(split_counts.values()) <= LOCAL_VALIDATION_MAX_ROWS:
-            # GX on Spark runs a few small jobs per expectation (33 for 2,000 rows); the same
-            # expectations on the rows in the driver's memory cost one job reading the cache.
-            rows_frame = frame.toArrow().to_pandas()
-        results = {
+
+    def validate(rows_frame: DataFrame | PandasFrame, counts_frame: PandasFrame) -> dict[str, Any]:
+        return {
             batch: run_batch(
                 context,
                 suite_name if batch == ROWS else f"{suite_name}_{batch}",
@@ -395,13 +374,26 @@ def _validate_prepared(
                 batch_frame,
                 identifier,
             )
-            for batch, batch_frame in ((ROWS, rows_frame), (LABEL_COUNTS, counts_df))
+            for batch, batch_frame in ((ROWS, rows_frame), (LABEL_COUNTS, counts_frame))
         }
-        leaked_ids = 0
-        if any(rule_name_of(r) == "split_leakage" and not r.success for r in results[ROWS][1].results):
-            leaked_ids = frame.where(F.col(ID_SPLITS_COLUMN) > 1).select("example_id").distinct().count()
-    finally:
-        frame.unpersist()
+
+    def leaked(results: dict[str, Any]) -> bool:
+        return any(rule_name_of(r) == "split_leakage" and not r.success for r in results[ROWS][1].results)
+
+    if df.count() <= LOCAL_VALIDATION_MAX_ROWS:
+        # GX on Spark runs a few small jobs per expectation (33 for 2,000 rows), the leakage column
+        # a window, the label counts an aggregation: here two Spark jobs read the rows, no shuffle.
+        rows, splits_per_id = _with_id_splits(df.toArrow().to_pandas(integer_object_nulls=True))
+        grouped = rows.groupby(["label", "split"], dropna=False).size()
+        counts_df, split_counts, n_labels, imbalance = _label_counts(
+            [(_value(label), _value(split), int(n)) for (label, split), n in grouped.items()], labels
+        )
+        results = validate(rows, counts_df)
+        leaked_ids = int(rows.loc[splits_per_id > 1, "example_id"].nunique()) if leaked(results) else 0
+    else:
+        results, counts_df, split_counts, n_labels, imbalance, leaked_ids = _validate_on_spark(
+            df, labels, validate, leaked
+        )
 
     extra = {"split_leakage": f"{leaked_ids} example_id(s) in more than one split"}
     if imbalance:
@@ -457,27 +449,85 @@ def _check_schema(df: DataFrame) -> None:
         )
 
 
-def _label_counts(
-    df: DataFrame, labels: Sequence[str] | None
-) -> tuple[PandasFrame, dict[str, int], int, tuple[tuple[str, int], tuple[str, int], float] | None]:
-    """Per-label split counts as a small pandas DataFrame, plus per-split totals for statistics
-    and the train class imbalance ((largest label, rows), (smallest label, rows), ratio).
-
-    One Spark aggregation; the result (labels x splits) is collected and validated in the driver:
-    GX on a Spark frame of a few rows still ran a few small Spark jobs per expectation.
-    """
-    import pandas as pd
+def _validate_on_spark(
+    df: DataFrame,
+    labels: Sequence[str] | None,
+    validate: Callable[[DataFrame, PandasFrame], dict[str, Any]],
+    leaked: Callable[[dict[str, Any]], bool],
+) -> tuple[dict[str, Any], PandasFrame, dict[str, int], int, Any, int]:
+    """The prepared rows validated on Spark (more than LOCAL_VALIDATION_MAX_ROWS of them)."""
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    grouped = df.groupBy("label", "split").agg(F.count(F.lit(1)).alias("n")).collect()
+    # The leakage rule needs each row's count of splits its id occurs in: one window, computed
+    # once into the cache. GX runs one Spark job per metric bundle: the cache spares them all
+    # from recomputing the plan.
+    splits_of_id = F.size(F.collect_set("split").over(Window.partitionBy("example_id")))
+    # The window shuffles into spark.sql.shuffle.partitions (200 by default) partitions, and adaptive
+    # execution does not coalesce a cached plan (prepare's dedupe met the same): every GX job then
+    # ran 200 mostly empty tasks, 4,800 tasks for 2,000 prepared rows and about half of
+    # validate_data's CPU. Back to as many partitions as the prepared data has (it grows with size).
+    frame = (
+        df.withColumn(ID_SPLITS_COLUMN, F.when(F.col("example_id").isNotNull(), splits_of_id).cast("int"))
+        .coalesce(max(1, df.rdd.getNumPartitions()))
+        .cache()
+    )
+    try:
+        grouped = frame.groupBy("label", "split").agg(F.count(F.lit(1)).alias("n")).collect()
+        counts_df, split_counts, n_labels, imbalance = _label_counts(
+            [(row["label"], row["split"], row["n"]) for row in grouped], labels
+        )
+        results = validate(frame, counts_df)
+        leaked_ids = 0
+        if leaked(results):
+            leaked_ids = frame.where(F.col(ID_SPLITS_COLUMN) > 1).select("example_id").distinct().count()
+    finally:
+        frame.unpersist()
+    return results, counts_df, split_counts, n_labels, imbalance, leaked_ids
+
+
+def _value(key: Any) -> Any:
+    """A pandas group key as Spark gives it: None for a missing value."""
+    import pandas as pd
+
+    return None if pd.isna(key) else key
+
+
+def _with_id_splits(rows: PandasFrame) -> tuple[PandasFrame, Any]:
+    """``rows`` with the leakage column (how many splits each row's example_id occurs in; None
+    without an id), as the Spark path's window computes it, and those counts as floats (NaN: none)."""
+    import pandas as pd
+
+    splits_per_id = rows.groupby("example_id")["split"].transform("nunique")
+    if splits_per_id.isna().any():
+        # Object, not float: 2, not 2.0, in the report's examples (as integers with nulls arrive).
+        values = [None if pd.isna(count) else int(count) for count in splits_per_id]
+        rows[ID_SPLITS_COLUMN] = pd.Series(values, index=rows.index, dtype=object)
+    else:
+        rows[ID_SPLITS_COLUMN] = splits_per_id.astype("int64")
+    return rows, splits_per_id
+
+
+def _label_counts(
+    grouped: Sequence[tuple[str | None, str | None, int]], labels: Sequence[str] | None
+) -> tuple[PandasFrame, dict[str, int], int, tuple[tuple[str, int], tuple[str, int], float] | None]:
+    """Per-label split counts as a small pandas DataFrame, plus per-split totals for statistics
+    and the train class imbalance ((largest label, rows), (smallest label, rows), ratio), from the
+    rows' (label, split, count) groups.
+
+    The table (labels x splits) is validated in the driver: GX on a Spark frame of a few rows
+    still ran a few small Spark jobs per expectation.
+    """
+    import pandas as pd
+
     split_counts: dict[str, int] = {}
     per_label: dict[str, dict[str, int]] = {label: {} for label in labels or ()}
-    for row in grouped:
-        split = row["split"] if row["split"] in SPLITS else "other"
-        split_counts[split] = split_counts.get(split, 0) + row["n"]
+    for label, row_split, n in grouped:
+        split = row_split if row_split in SPLITS else "other"
+        split_counts[split] = split_counts.get(split, 0) + n
         # Null labels and unknown splits are row-level failures already; keep them out here.
-        if row["label"] is not None and row["split"] in SPLITS:
-            per_label.setdefault(row["label"], {})[row["split"]] = row["n"]
+        if label is not None and row_split in SPLITS:
+            per_label.setdefault(label, {})[row_split] = n
     train = {label: counts.get("train", 0) for label, counts in per_label.items()}
     trained = sorted((n, label) for label, n in train.items() if n > 0)
     imbalance = None
