@@ -99,6 +99,7 @@ def built_archive() -> Path:
     return build_class_archive()
 
 
+@pytest.mark.slow  # a spark-submit job of its own (15-24 s of a worker): left to make test
 def test_a_spark_driver_loads_its_classes_from_the_built_archive(built_archive, tmp_path):
     """-Xshare:on makes the JVM refuse to start when it cannot map the archive (a wrong Java, another
     classpath, a half-written file), instead of quietly loading every class as usual."""
