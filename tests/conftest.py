@@ -57,17 +57,26 @@ SHARED_GROUPS = {
     "tests/serving/": "serving",  # one registry of the keyword model's versions per session
     "tests/operators/test_spark_faults.py": "standalone-cluster",
     "tests/operators/test_train_backends.py": "standalone-cluster",
-    # tests/unit/tiny_model.trained keeps a trained model per process: one worker trains it once.
+    # tests/unit/tiny_model.trained keeps a trained model per process: one worker trains it once;
+    # tiny_model.workspace (the tiny model, its data, an MLflow store), which the classification and
+    # training-method tests train from too, is built once per process.
     **dict.fromkeys(
         (
             "tests/unit/test_training.py",
             "tests/unit/test_evaluation.py",
             "tests/unit/test_inference.py",
             "tests/unit/test_smoke.py",
+            "tests/unit/test_classification.py",
+            "tests/unit/test_training_methods.py",
         ),
         "tiny-model-trained",
     ),
+    # Evidently's import costs a process 4 s of CPU: one worker pays it.
+    "tests/unit/test_drift.py": "drift",
+    "tests/operators/test_monitor_operator.py": "drift",
 }
+# make test-fast's groups are ordered by their time there (test-output/suite_timing.json), below the
+# longer ones only make test runs; the groups left out take seconds each and fill in at the end.
 LONGEST_FIRST = (
     "tests/e2e/test_llm_finetune_dag.py",
     "stack",
@@ -80,8 +89,18 @@ LONGEST_FIRST = (
     "tests/e2e/test_rollback_champion_dag.py",
     "tests/operators/test_train_databricks.py",
     "tiny-model-trained",
-    "tests/unit/test_training_methods.py",
     "tests/unit/test_prepare.py",
+    "tests/unit/test_feedback.py",
+    "tests/unit/test_review_queue.py",
+    "drift",
+    "tests/unit/test_bad_inputs.py",
+    "tests/unit/test_registry.py",
+    "tests/unit/test_quality.py",
+    "serving",
+    "tests/unit/test_materialize.py",
+    "tests/unit/test_base_model.py",
+    "tests/operators/test_plugin.py",
+    "tests/operators/test_spark_submit.py",
 )
 
 

@@ -102,7 +102,8 @@ def test_packing_keeps_attention_inside_each_example(root):
 def test_packed_training_has_no_padding_and_learns(root):
     from sparktune.model.training import train
 
-    result = train(_request(root, "packed", packing=True, max_steps=30, checkpoint_steps=1000))
+    # 10 steps take the mean training loss from 6.2 to 2.0; 30 cost 3.5 s more CPU to show the same.
+    result = train(_request(root, "packed", packing=True, max_steps=10, checkpoint_steps=1000))
     assert result.padding_efficiency == 1.0
     assert result.train_loss < result.initial_loss
 
