@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import shutil
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,9 +68,18 @@ def _write_csv(path: Path, rows: list[dict[str, str]]) -> str:
     return str(path)
 
 
-@pytest.fixture
-def tables(spark, tmp_path):
+def _copy(tables: dict[str, Path], tmp_path: Path) -> dict[str, str]:
+    """The tables, written by Spark once per module, copied for one test: a test that records
+    corrections changes only its own copy."""
+    for name, folder in tables.items():
+        shutil.copytree(folder, tmp_path / name)
+    return {name: str(tmp_path / name) for name in tables}
+
+
+@pytest.fixture(scope="module")
+def _tables_once(spark, tmp_path_factory) -> dict[str, Path]:
     """Scored rows of model m (and one of another model) from both origins, one text corrected."""
+    tmp_path = tmp_path_factory.mktemp("review-tables")
     feedback, captures = str(tmp_path / "feedback"), str(tmp_path / "serving_captures")
     _scored(
         spark,
@@ -93,7 +103,13 @@ def tables(spark, tmp_path):
         "earlier",
         corrected_at=WHEN,
     )
-    return feedback, captures
+    return {"feedback": Path(feedback), "serving_captures": Path(captures)}
+
+
+@pytest.fixture
+def tables(tmp_path, _tables_once):
+    copied = _copy(_tables_once, tmp_path)
+    return copied["feedback"], copied["serving_captures"]
 
 
 def test_the_queue_holds_the_least_confident_distinct_uncorrected_texts_in_one_csv_and_one_parquet(
@@ -256,10 +272,11 @@ def training_source(tmp_path_factory):
     return SimpleNamespace(rows=rows, truth=truth, source=source, uri=str(path))
 
 
-@pytest.fixture
-def training(spark, tmp_path, training_source):
+@pytest.fixture(scope="module")
+def _training_once(spark, tmp_path_factory, training_source):
     """The training source; the champion scored every wrongly labelled text (sure of the label it
     learned) and three others (unsure); one wrongly labelled text is corrected."""
+    tmp_path = tmp_path_factory.mktemp("review-training")
     rows, truth = training_source.rows, training_source.truth
     flipped = [r for r in rows if r["id"] in truth]
     others = [r for r in rows if r["id"] not in truth][:3]
@@ -275,7 +292,13 @@ def training(spark, tmp_path, training_source):
         "earlier",
         corrected_at=WHEN,
     )
-    return SimpleNamespace(**vars(training_source), corrected=corrected, feedback=feedback)
+    return SimpleNamespace(**vars(training_source), corrected=corrected, feedback=Path(feedback))
+
+
+@pytest.fixture
+def training(tmp_path, _training_once):
+    feedback = _copy({"feedback": _training_once.feedback}, tmp_path)["feedback"]
+    return SimpleNamespace(**{**vars(_training_once), "feedback": feedback})
 
 
 def _key(text: str) -> str:
