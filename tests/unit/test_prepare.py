@@ -66,14 +66,25 @@ def defect_params(tokenizer_path: str, **overrides):
     return parse_params({"max_chars": 200, "max_length": longest_good + 5, **overrides})
 
 
-def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
+@pytest.fixture(scope="module")
+def defect_prepared(spark, tokenizer_path, tmp_path_factory):
+    """The defect rows prepared once for the tests that read the result (persisted frames)."""
     from sparktune.data.prepare import prepare
 
+    with pytest.MonkeyPatch.context() as patch:  # what _home does for a test
+        patch.setenv("SPARKTUNE_HOME", str(tmp_path_factory.mktemp("defects") / "home"))
+        patch.delenv("SPARKTUNE_LAKE_URI", raising=False)
+        prepared = prepare(defect_df(spark), defect_params(tokenizer_path), tokenizer_path)
+    yield prepared
+    prepared.unpersist()
+
+
+def test_every_step_counts_one_defect_of_each_kind(defect_prepared, tokenizer_path):
     params = defect_params(tokenizer_path)
     emoji_tokens = n_tokens(tokenizer_path, "[INST] x [/INST] emoji" + "\U0001f600" * 60)
     assert emoji_tokens > params.max_length  # the emoji row really is over the token limit
 
-    prepared = prepare(defect_df(spark), params, tokenizer_path)
+    prepared = defect_prepared
     steps = [(s.step, s.rows_in, s.rows_out, s.skipped) for s in prepared.steps]
     assert steps == [
         ("read", 11, 11, False),
@@ -114,14 +125,10 @@ def test_every_step_counts_one_defect_of_each_kind(spark, tokenizer_path):
     # Braces in the text are data, not format fields.
     assert "{text} {label} shows {0}" in rows["shipping"]["prompt"]
     assert all(r["split"] in ("train", "validation", "test") for r in rows.values())
-    prepared.unpersist()
 
 
-def test_quarantine_keeps_original_values_and_reasons(spark, tokenizer_path):
-    from sparktune.data.prepare import prepare
-
-    prepared = prepare(defect_df(spark), defect_params(tokenizer_path), tokenizer_path)
-    quarantine = prepared.quarantine.collect()
+def test_quarantine_keeps_original_values_and_reasons(defect_prepared):
+    quarantine = defect_prepared.quarantine.collect()
     reasons = sorted(r["reject_reason"] for r in quarantine)
     assert reasons == sorted(
         ["min_quality_score"] * 2 + ["null_label"] * 2 + ["length"] * 2 + ["dedupe", "max_length"]
@@ -136,21 +143,19 @@ def test_quarantine_keeps_original_values_and_reasons(spark, tokenizer_path):
     assert by_text["This message has a null label attached"]["reject_detail"] == "label is null"
     assert "max_length" in by_text["\U0001f600" * 60]["reject_detail"]
     assert all(r["reject_detail"] for r in quarantine)
-    prepared.unpersist()
 
 
-def test_dedupe_keeps_the_same_copy_whatever_the_order(spark, tokenizer_path):
+def test_dedupe_keeps_the_same_copy_whatever_the_order(spark, tokenizer_path, defect_prepared):
     from sparktune.data.prepare import prepare
 
     params = defect_params(tokenizer_path)
-    forward = prepare(defect_df(spark), params, tokenizer_path)
+    forward = defect_prepared
     backward = prepare(defect_df(spark, list(reversed(defect_rows()))).repartition(3), params, tokenizer_path)
     kept = [sorted(p.rows.select("text", "split").collect()) for p in (forward, backward)]
     assert kept[0] == kept[1]
     dropped = [p.quarantine.filter("reject_reason = 'dedupe'").first()["text"] for p in (forward, backward)]
     assert dropped[0] == dropped[1]
     assert dropped[0] in (GOOD_BILLING, "i WAS charged  twice for MY order last week ")
-    forward.unpersist()
     backward.unpersist()
 
 
