@@ -51,6 +51,7 @@ def test_a_bad_setting_exits_2_with_the_message(monkeypatch, capsys):
     assert "max_text_chars (SPARKTUNE_SERVING_MAX_TEXT_CHARS) must be > 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a server process of its own (5-25 s); the e2e prediction-path tests start one too
 def test_the_module_serves_the_champion_and_flushes_captures_when_stopped(registry, tmp_path):
     name = registry.register("serving-process")
     with socket.socket() as sock:

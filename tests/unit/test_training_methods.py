@@ -40,20 +40,37 @@ def _run_cli(request, tmp_path: Path, *extra: str) -> subprocess.CompletedProces
     )
 
 
-def test_qlora_on_cpu_fails_at_once_with_the_reason_and_the_fix(root, tmp_path):
+def _no_run_and_no_checkpoint(request) -> None:
     from mlflow import MlflowClient
 
+    client = MlflowClient(tracking_uri=request.mlflow_tracking_uri)
+    experiment = client.get_experiment_by_name(request.experiment_name)
+    if experiment is not None:
+        runs = client.search_runs(
+            [experiment.experiment_id], f"tags.`sparktune.train_key` = '{request.train_key}'"
+        )
+        assert runs == []
+    assert not (Path(request.output_dir) / "checkpoints").exists()
+
+
+def test_qlora_on_cpu_is_refused_before_any_run_or_checkpoint(root):
+    from sparktune.model.training import train
+    from sparktune.model.training_setup import TrainingInputError
+
+    request = _request(root, "qlora-here", peft_method="qlora")
+    with pytest.raises(TrainingInputError) as err:
+        train(request)
+    assert "needs a CUDA GPU" in str(err.value) and "peft_method=lora on CPU" in str(err.value)
+    _no_run_and_no_checkpoint(request)
+
+
+@pytest.mark.slow  # a training process of its own (5-15 s): the refusal itself is proven just above
+def test_qlora_on_cpu_fails_at_once_with_the_reason_and_the_fix(root, tmp_path):
     request = _request(root, "qlora", peft_method="qlora")
     done = _run_cli(request, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "needs a CUDA GPU" in done.stdout and "peft_method=lora on CPU" in done.stdout
-    # Nothing started: no MLflow run, no checkpoint.
-    client = MlflowClient(tracking_uri=request.mlflow_tracking_uri)
-    experiment = client.get_experiment_by_name(request.experiment_name)
-    if experiment is not None:
-        runs = client.search_runs([experiment.experiment_id], "tags.`sparktune.train_key` = 'tiny-qlora'")
-        assert runs == []
-    assert not (Path(request.output_dir) / "checkpoints").exists()
+    _no_run_and_no_checkpoint(request)  # nothing started
 
 
 def test_deepspeed_stage_is_validated_and_passed_through():
