@@ -586,3 +586,14 @@ def test_compose_generates_its_secrets_privately_before_any_airflow_command(serv
     given = {**env, "_AIRFLOW_WWW_USER_PASSWORD": "chosen-by-the-operator"}
     subprocess.run([sys.executable, "-c", script], env=given, capture_output=True, check=True)
     assert json.loads(passwords.read_text()) == {"admin": "chosen-by-the-operator"}
+
+
+def test_celery_workers_in_compose_and_the_stack_preload_the_tasks_imports(services):
+    import importlib
+
+    from sparktune_dev.stack import CELERY_CONFIG_OPTIONS
+
+    worker = env_of(services["airflow-worker"])
+    assert worker["AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS"] == CELERY_CONFIG_OPTIONS
+    module, name = CELERY_CONFIG_OPTIONS.rsplit(".", 1)
+    assert "mlflow" in getattr(importlib.import_module(module), name)["imports"]

@@ -21,11 +21,16 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = (ROOT / "include" / "sparktune", ROOT / "include" / "sparktune_airflow", ROOT / "dags")
 FIRST_PARTY = {"sparktune", "sparktune_airflow"}
+# Modules that only a deployment with an optional extra loads, by that extra: they may import what
+# it declares (``pip install .[stack]``), and nothing else imports them.
+EXTRA_ONLY = {"include/sparktune_airflow/core/celery_worker.py": "stack"}
 
 
-def _declared() -> set[str]:
+def _declared(extra: str | None = None) -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = list(project["dependencies"])
+    if extra:
+        requirements += project["optional-dependencies"][extra]
     return {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
@@ -57,12 +62,12 @@ def _distributions_of(module: str, installed: dict[str, list[str]]) -> set[str]:
 
 
 def test_every_distribution_the_shipped_code_imports_is_declared():
-    declared = _declared()
     installed = metadata.packages_distributions()
     undeclared: dict[str, set[str]] = {}
     for folder in SHIPPED:
         local = FIRST_PARTY | (_local_modules(folder) if folder.name == "dags" else set())
         for path in sorted(folder.rglob("*.py")):
+            declared = _declared(EXTRA_ONLY.get(str(path.relative_to(ROOT))))
             for module in _imports(path):
                 top = module.split(".")[0]
                 if top in local or top in sys.stdlib_module_names or top == "__future__":
@@ -80,3 +85,15 @@ def test_every_distribution_the_shipped_code_imports_is_declared():
         "distribution there (with the range the code needs):\n"
         + "\n".join(f"  {module}: {', '.join(sorted(files))}" for module, files in sorted(undeclared.items()))
     )
+
+
+def test_a_module_of_an_extra_is_imported_by_no_other_shipped_module():
+    for relative in EXTRA_ONLY:
+        dotted = relative.removeprefix("include/").removesuffix(".py").replace("/", ".")
+        importers = [
+            str(path.relative_to(ROOT))
+            for folder in SHIPPED
+            for path in folder.rglob("*.py")
+            if any(name == dotted or name.startswith(dotted + ".") for name in _imports(path))
+        ]
+        assert not importers, f"{dotted} needs an optional extra; {importers} would need it too"

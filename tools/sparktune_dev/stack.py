@@ -42,6 +42,7 @@ from sparktune_dev.embedded.environment import PROJECT_ROOT, embedded_env
 
 PG_ENV = "SPARKTUNE_STACK_PG"  # the server: postgresql://user@host:port (trust or password auth)
 EXECUTOR_ENV = "SPARKTUNE_STACK_EXECUTOR"  # local (default) or celery
+CELERY_CONFIG_OPTIONS = "sparktune_airflow.core.celery_worker.CELERY_CONFIG"
 REDIS_ENV = "SPARKTUNE_STACK_REDIS"  # the Celery broker: redis://host:port/db
 # The one address every service listens on (default 127.0.0.1): an address of this machine that
 # other machines reach opens all of them to those machines, the MLflow server and Spark without a login.
@@ -251,6 +252,8 @@ def stack_env(
                 "AIRFLOW__CELERY__BROKER_URL": config.redis,
                 "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + config.sqlalchemy_url(config.airflow_db),
                 "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(config.celery_concurrency),
+                # The workers import MLflow once, not every task (sparktune_airflow.core.celery_worker).
+                "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": CELERY_CONFIG_OPTIONS,
             }
         )
     env.update(config.extra_env)
