@@ -66,6 +66,8 @@ def test_where_uv_fails_pip_installs_the_same_arguments(monkeypatch, tmp_path):
     monkeypatch.setattr(install_with_uv.subprocess, "run", run)
     assert install_with_uv.main(["--no-deps", "-r", "requirements-models.txt"]) == 0
     assert calls[1][0] == str(fake_uv) and calls[1][-3:] == ["--no-deps", "-r", "requirements-models.txt"]
+    # As pip does: with PYTHONDONTWRITEBYTECODE set, nothing else would write the bytecode.
+    assert "--compile-bytecode" in calls[1]
     assert calls[-1] == [
         sys.executable,
         "-m",
