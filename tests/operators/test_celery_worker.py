@@ -10,6 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_the_configuration_is_airflows_own_plus_the_imports():
     from airflow.providers.celery.executors.default_celery import DEFAULT_CELERY_CONFIG
@@ -36,6 +38,7 @@ print("preloaded", len(set(sys.modules) - before))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter importing MLflow: ~11 s of a worker, make test only
 def test_a_worker_built_from_it_imports_mlflow_before_its_pool_starts_and_not_torch():
     result = subprocess.run([sys.executable, "-c", WORKER_START], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
