@@ -35,16 +35,19 @@ def output_tail(result: subprocess.CompletedProcess, chars: int = 8000) -> str:
 # --- one prediction path: what evaluation scored is what every way of using the model answers ---
 
 
-def evaluated_split(home: Path, model_name: str, folder: Path) -> dict:
-    """The champion's evaluation of its test split, row by row (its logged ``predictions.csv``),
-    beside the split's texts: ``{"champion", "rows", "texts", "folder"}``."""
+def evaluated_split(home: Path, model_name: str, folder: Path, version: str | None = None) -> dict:
+    """The champion's (or ``version``'s) evaluation of its test split, row by row (its logged
+    ``predictions.csv``), beside the split's texts: ``{"champion", "rows", "texts", "folder"}``."""
     import csv
 
     import datasets
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{home / 'mlflow' / 'mlflow.db'}")
-    champion = client.get_model_version_by_alias(model_name, "champion")
+    if version is None:
+        champion = client.get_model_version_by_alias(model_name, "champion")
+    else:
+        champion = client.get_model_version(model_name, version)
     local = client.download_artifacts(champion.run_id, "evaluation/predictions.csv", str(folder))
     with open(local, newline="") as handle:
         evaluated = {row["example_id"]: row for row in csv.DictReader(handle)}

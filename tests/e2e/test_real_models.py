@@ -5,8 +5,10 @@
   prediction path users get answers what evaluation scored, row by row: the registered pyfunc by
   alias, the batch_inference DAG over Spark and the HTTP server.
 
-all-MiniLM-L6-v2 by name (an encoder without an eos token, a new classification head) is the bad
-model of tests/e2e/test_llm_finetune_failures.py: its blocked run and dry run prove it end to end.
+The SmolLM2 run is also the suite's dry run: three steps fail the gate, which records it and lets
+the promotion go ahead saying so. all-MiniLM-L6-v2 by name (an encoder without an eos token, a new
+classification head) is the bad model of tests/e2e/test_llm_finetune_failures.py: its blocked run
+proves it end to end.
 
 A few optimizer steps each: these tests are about the pipeline on real checkpoints, not about
 their accuracy (``make bench-quality`` measures that). The GGUF conversion is shared with the
@@ -81,7 +83,8 @@ def _client(home: Path):
 @pytest.fixture(scope="module")
 def smollm2_run(home, gguf_path):
     # The gate is a dry run: a model trained three steps is not meant to beat the baseline, and the
-    # stages after the gate (smoke test, champion, serving) are what this run is for.
+    # stages after the gate (smoke test, champion, serving) are what this run is for; it is also
+    # the suite's proof of dry_run (the failing gate recorded, promotion saying so).
     conf = {"base_model": str(gguf_path), "model_name": SMOLLM2_MODEL, "gate_mode": "dry_run", **FEW_STEPS}
     result = run_dag(home, "llm_finetune", conf, timeout=1500)
     assert result.returncode == 0, output_tail(result)
@@ -118,6 +121,24 @@ def test_smollm2_from_its_gguf_file_trains_in_its_own_chat_template(home, smollm
     for metric in ("eval_accuracy", "baseline_accuracy", "tokens_per_second"):
         assert metric in run.data.metrics, metric
     assert float(champion.tags["smoke_latency_p50_ms"]) > 0
+
+
+def test_a_dry_run_records_the_failing_gate_and_promotes_saying_so_at_each_alias(home, smollm2_run):
+    """Three steps do not make a model that passes the gate: in ``dry_run`` the failing decision is
+    recorded, the runner exits 0 (dry_run never blocks), and each alias move says it went ahead
+    despite the gate."""
+    from sparktune.release.registry import audit_log
+
+    client = _client(home)
+    champion = client.get_model_version_by_alias(SMOLLM2_MODEL, "champion")
+    assert "staging" in champion.aliases
+    tags = client.get_run(champion.run_id).data.tags
+    assert tags["sparktune.gate.mode"] == "dry_run" and "min_accuracy: FAIL" in tags["sparktune.gate.reasons"]
+    assert f"smoke test of models:/{SMOLLM2_MODEL}@staging" in smollm2_run.stdout + smollm2_run.stderr
+    for alias in ("staging", "champion"):
+        last = [m for m in audit_log(client, SMOLLM2_MODEL) if m["alias"] == alias][-1]
+        assert last["to_version"] == str(champion.version)
+        assert "dry_run" in last["reason"] and "FAILED" in last["reason"] and "min_accuracy" in last["reason"]
 
 
 @pytest.fixture(scope="module")

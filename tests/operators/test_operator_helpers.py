@@ -82,6 +82,22 @@ def test_the_retry_delay_comes_from_the_environment_with_a_clear_error_when_wron
             task_defaults()
 
 
+def test_the_longest_retry_delay_comes_from_the_environment_with_a_clear_error_when_wrong(monkeypatch):
+    from datetime import timedelta
+
+    from sparktune_airflow.core.dag_defaults import task_defaults
+
+    monkeypatch.delenv("SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS", raising=False)
+    assert task_defaults()["max_retry_delay"] == timedelta(minutes=10)
+    monkeypatch.setenv("SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS", "10")
+    assert task_defaults()["max_retry_delay"] == timedelta(seconds=10)
+    for wrong in ("-5", "later"):
+        monkeypatch.setenv("SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS", wrong)
+        expected = f"SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS='{wrong}' is not a number"
+        with pytest.raises(ValueError, match=expected):
+            task_defaults()
+
+
 def test_trigger_form_carries_every_spec_with_bounds_and_enums():
     params = form_params()
     assert set(params) == set(PipelineParams.model_fields)

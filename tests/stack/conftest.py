@@ -38,9 +38,14 @@ INCOMING_ROWS = 300  # the texts batch_inference scores after the promotion
 # how often it looks (Airflow: 10): rest_run kills a worker and waits for Airflow to notice.
 TASK_HEARTBEAT_TIMEOUT = 20
 HEARTBEAT_CHECK_SECONDS = 5
-# The first retry's delay (the pipeline's default: 30 s), doubling after each: the killed worker's
-# retries wait this out, and nothing here needs the production pause between tries.
+# The first retry's delay (the pipeline's default: 30 s), doubling after each up to the longest
+# (default 600 s): the killed worker's retries of train on the other host fail until the training
+# process has ended, and nothing here needs the production pause between tries. Doubling without a
+# low ceiling left the run idle for most of a minute after the training ended (5, 10, 20, 40, 80 s).
 RETRY_DELAY_SECONDS = 5
+MAX_RETRY_DELAY_SECONDS = 10
+# Enough tries 10 s apart to outlast the training on a machine twice as slow as this one.
+TASK_RETRIES = 20
 # The Celery broker's database on the local Redis: emptied when the session's stack starts, so no
 # message a stopped session left reaches this stack's workers.
 REDIS_DB = 9
@@ -167,9 +172,10 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
                 HEARTBEAT_CHECK_SECONDS
             ),
             # Tries of train on the other host fail while the first try's training runs; enough
-            # retries (5 s, 10 s, ... 160 s apart) that one comes after it has finished.
+            # retries (5 s, then 10 s apart) that one comes soon after it has finished.
             "SPARKTUNE_TASK_RETRY_DELAY_SECONDS": str(RETRY_DELAY_SECONDS),
-            "SPARKTUNE_TASK_RETRIES": "6",
+            "SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS": str(MAX_RETRY_DELAY_SECONDS),
+            "SPARKTUNE_TASK_RETRIES": str(TASK_RETRIES),
             # Credentials planted in the MLflow connection (the server runs without auth and ignores
             # them): test_full_stack shows they reach no log, XCom, template, tag or lineage event.
             "AIRFLOW_CONN_MLFLOW_DEFAULT": json.dumps(

@@ -4,7 +4,7 @@ notification on every task, and a deadline on every run.
 Limits come from the environment of the scheduler and workers (a DAG file is parsed before any run
 has params): ``SPARKTUNE_TASK_RETRIES`` (default 2) is how many times a failed task is tried again,
 ``SPARKTUNE_TASK_RETRY_DELAY_SECONDS`` (default 30) how long after the first failure, doubling after
-each next one (at most 10 minutes apart),
+each next one up to ``SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS`` (default 600) apart,
 ``SPARKTUNE_TASK_TIMEOUT_MINUTES`` (default 180) bounds each task, training excepted (its param
 ``train_timeout_minutes``); ``SPARKTUNE_RUN_DEADLINE_MINUTES`` (default 720) is how long
 after it was queued a run may take before the team is told it is overdue (``off``: no deadline). The
@@ -19,6 +19,7 @@ from typing import Any
 
 from sparktune.core.config import (
     RUN_DEADLINE_ENV,
+    TASK_MAX_RETRY_DELAY_ENV,
     TASK_RETRIES_ENV,
     TASK_RETRY_DELAY_ENV,
     TASK_TIMEOUT_ENV,
@@ -30,13 +31,14 @@ DEFAULT_TASK_TIMEOUT_MINUTES = 180.0
 DEFAULT_RUN_DEADLINE_MINUTES = 720.0
 DEFAULT_TASK_RETRIES = 2
 DEFAULT_TASK_RETRY_DELAY_SECONDS = 30.0
+DEFAULT_TASK_MAX_RETRY_DELAY_SECONDS = 600.0
 
 # Transient faults (a lost executor, a busy MLflow server) get more tries (SPARKTUNE_TASK_RETRIES);
 # deterministic failures raise AirflowFailException and skip them.
 RETRY_DEFAULTS = {
-    "retry_delay": timedelta(seconds=30),
+    "retry_delay": timedelta(seconds=DEFAULT_TASK_RETRY_DELAY_SECONDS),
     "retry_exponential_backoff": True,
-    "max_retry_delay": timedelta(minutes=10),
+    "max_retry_delay": timedelta(seconds=DEFAULT_TASK_MAX_RETRY_DELAY_SECONDS),
 }
 
 
@@ -73,20 +75,31 @@ def task_retries() -> int:
     return retries
 
 
-def task_retry_delay() -> timedelta:
-    """The wait before a failed task's first retry: ``SPARKTUNE_TASK_RETRY_DELAY_SECONDS`` (default
-    30). A test stack that kills workers on purpose shortens it; production keeps the default."""
-    raw = os.environ.get(TASK_RETRY_DELAY_ENV, "").strip()
+def _seconds(env: str, default: float) -> timedelta:
+    raw = os.environ.get(env, "").strip()
     try:
-        seconds = float(raw) if raw else DEFAULT_TASK_RETRY_DELAY_SECONDS
+        seconds = float(raw) if raw else default
     except ValueError:
         seconds = -1.0
     if seconds < 0:
         raise ValueError(
-            f"{TASK_RETRY_DELAY_ENV}={raw!r} is not a number of seconds; set it to 0 or more, or unset "
-            f"it for {DEFAULT_TASK_RETRY_DELAY_SECONDS:g}"
+            f"{env}={raw!r} is not a number of seconds; set it to 0 or more, or unset it for {default:g}"
         )
     return timedelta(seconds=seconds)
+
+
+def task_retry_delay() -> timedelta:
+    """The wait before a failed task's first retry: ``SPARKTUNE_TASK_RETRY_DELAY_SECONDS`` (default
+    30). A test stack that kills workers on purpose shortens it; production keeps the default."""
+    return _seconds(TASK_RETRY_DELAY_ENV, DEFAULT_TASK_RETRY_DELAY_SECONDS)
+
+
+def task_max_retry_delay() -> timedelta:
+    """The longest wait between two tries, which the doubling stops at:
+    ``SPARKTUNE_TASK_MAX_RETRY_DELAY_SECONDS`` (default 600). A test stack whose retries wait on a
+    training that ends within a minute keeps them 10 s apart, where doubling would leave the run
+    idle for most of a minute after the training ended; production keeps the default."""
+    return _seconds(TASK_MAX_RETRY_DELAY_ENV, DEFAULT_TASK_MAX_RETRY_DELAY_SECONDS)
 
 
 def task_defaults() -> dict[str, Any]:
@@ -96,6 +109,7 @@ def task_defaults() -> dict[str, Any]:
         **RETRY_DEFAULTS,
         "retries": task_retries(),
         "retry_delay": task_retry_delay(),
+        "max_retry_delay": task_max_retry_delay(),
         "execution_timeout": task_timeout(),
         "on_failure_callback": PipelineNotifier(TASK_FAILED),
     }
