@@ -158,22 +158,6 @@ def _states(stack, run_id: str) -> dict[str, str]:
     return {t["task_id"]: t["state"] for t in tasks["task_instances"]}
 
 
-def _task_log(stack, run_id: str, task_id: str) -> str:
-    """The messages of a task's log (Airflow writes one JSON object a line), every try's."""
-    import json
-
-    folder = stack.home / "stack" / "logs" / "tasks" / f"dag_id={DAG}" / f"run_id={run_id}"
-    folder = folder / f"task_id={task_id}"
-    events = []
-    for path in sorted(folder.glob("*.log")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(str(json.loads(line).get("event", "")))
-            except json.JSONDecodeError:
-                events.append(line)
-    return "\n".join(events)
-
-
 def test_reject_in_the_browser_leaves_the_champion_and_records_the_rejection(
     stack, rest_run, notification_receivers, signed_in_page
 ):
@@ -184,10 +168,10 @@ def test_reject_in_the_browser_leaves_the_champion_and_records_the_rejection(
     version = _version_of(stack, run_id)
     # The same source and preparation params as rest_run: prepare_data takes its output and starts
     # no Spark job, and validate_data decides on its quality report, made under the same rules.
-    prepare_log = _task_log(stack, run_id, "prepare_data")
+    prepare_log = "\n".join(stack.task_logs(DAG, run_id, "prepare_data").values())
     assert "no Spark job" in prepare_log and "Spark-Submit cmd" not in prepare_log, prepare_log
     assert "Its quality report holds for this run" in prepare_log, prepare_log
-    validate_log = _task_log(stack, run_id, "validate_data")
+    validate_log = "\n".join(stack.task_logs(DAG, run_id, "validate_data").values())
     assert "deciding on its report, no Spark session here" in validate_log, validate_log
 
     comment = "loss went up on billing tickets"

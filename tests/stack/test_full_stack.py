@@ -167,11 +167,7 @@ def test_a_worker_killed_during_train_leaves_one_training_job_one_run_one_versio
     assert train["state"] == "success" and train["try_number"] >= 2, train
     other = next(name for name in stack.config.celery_workers if name != killed)
     assert train["hostname"] == other, train  # the try that succeeded ran on the other host
-    logs_dir = stack.home / "stack" / "logs" / "tasks" / "dag_id=llm_finetune"
-    logs = {
-        path.name: path.read_text(errors="replace")
-        for path in logs_dir.glob(f"run_id={rest_run['dag_run_id']}/task_id=train/attempt=*.log")
-    }
+    logs = stack.task_logs("llm_finetune", rest_run["dag_run_id"], "train")
     started = [name for name, text in logs.items() if "Starting: " in text]
     assert started == ["attempt=1.log"], started  # one training process, from the first try
     refused = [name for name, text in logs.items() if f"was started on host {killed} (pid {pid}," in text]
