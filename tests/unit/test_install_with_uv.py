@@ -78,3 +78,18 @@ def test_where_uv_fails_pip_installs_the_same_arguments(monkeypatch, tmp_path):
         "-r",
         "requirements-models.txt",
     ]
+
+
+def test_without_uv_beside_the_interpreter_pip_installs_alone(monkeypatch):
+    """`make venv` goes on when uv could not be installed (an index without it): pip does the work,
+    and nothing asks pip for its configuration first."""
+    monkeypatch.setattr(install_with_uv.shutil, "which", lambda name, path=None: None)
+    calls: list[list[str]] = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(install_with_uv.subprocess, "run", run)
+    assert install_with_uv.main(["-r", "requirements.lock"]) == 0
+    assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "-r", "requirements.lock"]]
