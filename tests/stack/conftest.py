@@ -179,6 +179,12 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
             # re-parses each file every 30 s, about 6 s of CPU every 90 s here, taken from the other
             # test worker for the stack's whole life.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+            # Above the parse interval, as Airflow wants it when the interval is long: at 50 s (the
+            # default) the killed worker's failure callback re-parsed llm_finetune.py and the
+            # processor then marked the DAG stale (its last_parsed_time older than the file's last
+            # parse by more than the threshold), and the scheduler left its run alone until the
+            # next parse, 9.5 minutes later (apache/airflow#55315 has the same on Airflow 3.0).
+            "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "1200",
             # A task whose heartbeat is older than this is failed and retried (default 300 s):
             # rest_run kills the Celery worker that runs train.
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(TASK_HEARTBEAT_TIMEOUT),

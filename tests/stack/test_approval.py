@@ -18,9 +18,9 @@ from urllib.parse import quote
 import pytest
 
 try:
-    from tests.stack.ui_steps import shot
+    from tests.stack.ui_steps import log_in, shot
 except ImportError:  # rootdir-relative import, as pytest puts this folder on sys.path
-    from ui_steps import shot
+    from ui_steps import log_in, shot
 
 pytestmark = [pytest.mark.stack, pytest.mark.e2e]
 
@@ -80,13 +80,17 @@ def _approval_records(stack, version: str) -> list[dict]:
     return [r for r in records if r.get("kind") == "approval" and r["to_version"] == version]
 
 
-def _answer_in_the_browser(page, url: str, version: str, option: str, comment: str) -> None:
-    """The notification's link opens the task's Required Actions tab (Airflow 3.3's UI): the
-    request's subject and body, the comment field (a task param: ``element_comment``) and one
-    button per option."""
+def _answer_in_the_browser(page, stack, url: str, version: str, option: str, comment: str) -> None:
+    """The approver signs in and follows the notification's link: it opens the task's Required
+    Actions tab (Airflow 3.3's UI), the request's subject and body, the comment field (a task param:
+    ``element_comment``) and one button per option.
+
+    Signed in only once the request waits: a signed-in page left open polls the API and re-renders
+    every few seconds, the CPU of a training run's minute taken from the other test worker."""
     from playwright.sync_api import expect
 
     name = option.lower()
+    log_in(page, stack)
     page.goto(url)
     expect(page.get_by_text(f"Make {MODEL} v{version} the champion?").first).to_be_visible()
     expect(page.get_by_text("Smoke test").first).to_be_visible()  # the body, rendered
@@ -101,7 +105,7 @@ def _answer_in_the_browser(page, url: str, version: str, option: str, comment: s
 
 
 def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
-    stack, rest_run, form_runs, notification_receivers, signed_in_page
+    stack, rest_run, form_runs, notification_receivers, page
 ):
     smtp, webhook = notification_receivers
     before = _champion(stack)
@@ -134,7 +138,7 @@ def test_approve_in_the_browser_moves_the_champion_and_records_who_when_and_why(
     assert _champion(stack) == before
 
     assert waiting["url"].startswith(f"{stack.airflow_url}/dags/{DAG}/runs/")
-    _answer_in_the_browser(signed_in_page, waiting["url"], version, "Approve", "metrics hold up; ship it")
+    _answer_in_the_browser(page, stack, waiting["url"], version, "Approve", "metrics hold up; ship it")
     answer = stack.rest("GET", f"{_ti_path(run_id, TASK)}/-1/hitlDetails")
     assert answer["chosen_options"] == ["Approve"] and answer["responded_by_user"]["id"] == stack.username
     run = stack.wait_for_run(DAG, run_id, timeout=900)
@@ -159,7 +163,7 @@ def _states(stack, run_id: str) -> dict[str, str]:
 
 
 def test_reject_in_the_browser_leaves_the_champion_and_records_the_rejection(
-    stack, rest_run, notification_receivers, signed_in_page
+    stack, rest_run, notification_receivers, page
 ):
     _, webhook = notification_receivers
     before = _champion(stack)
@@ -175,7 +179,7 @@ def test_reject_in_the_browser_leaves_the_champion_and_records_the_rejection(
     assert "deciding on its report, no Spark session here" in validate_log, validate_log
 
     comment = "loss went up on billing tickets"
-    _answer_in_the_browser(signed_in_page, _waiting_url(webhook, run_id), version, "Reject", comment)
+    _answer_in_the_browser(page, stack, _waiting_url(webhook, run_id), version, "Reject", comment)
     answer = stack.rest("GET", f"{_ti_path(run_id, TASK)}/-1/hitlDetails")
     assert answer["chosen_options"] == ["Reject"] and answer["responded_by_user"]["id"] == stack.username
     run = stack.wait_for_run(DAG, run_id, timeout=600)

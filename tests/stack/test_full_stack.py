@@ -187,6 +187,11 @@ def test_a_worker_killed_during_train_leaves_one_training_job_one_run_one_versio
         "model_versions"
     ]
     assert len(versions) == 1, versions
+    # The failure callback of the killed try left the DAG active: a DAG marked stale is not
+    # scheduled until its file's next parse (stack/conftest.py: the stale threshold).
+    processor_log = (stack.home / "stack" / "logs" / "dag-processor.log").read_text(errors="replace")
+    stale = [line for line in processor_log.splitlines() if "Deactivating stale DAG" in line]
+    assert not stale, stale
 
 
 def test_the_spark_steps_ran_on_the_standalone_master(stack, rest_run):
