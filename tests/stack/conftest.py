@@ -180,10 +180,10 @@ def stack(tmp_path_factory, install_base_model, notification_receivers) -> Stack
             # test worker for the stack's whole life.
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
             # Above the parse interval, as Airflow wants it when the interval is long: at 50 s (the
-            # default) the killed worker's failure callback re-parsed llm_finetune.py and the
-            # processor then marked the DAG stale (its last_parsed_time older than the file's last
-            # parse by more than the threshold), and the scheduler left its run alone until the
-            # next parse, 9.5 minutes later (apache/airflow#55315 has the same on Airflow 3.0).
+            # default) the killed worker's failure callback was followed by a parse of
+            # llm_finetune.py, then the processor marked the DAG stale (its last_parsed_time older
+            # than the file's last parse by more than the threshold), and the scheduler left its run
+            # alone until the next parse, 9.5 minutes later (apache/airflow#55315: the same on 3.0).
             "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "1200",
             # A task whose heartbeat is older than this is failed and retried (default 300 s):
             # rest_run kills the Celery worker that runs train.
