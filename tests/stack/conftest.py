@@ -100,16 +100,9 @@ class Stack:
 
     def task_logs(self, dag_id: str, run_id: str, task_id: str) -> dict[str, str]:
         """A task's log files by name (``attempt=1.log``, ...): the workers write them under the
-        stack's home, one JSON object a line."""
-        folder = (
-            self.home
-            / "stack"
-            / "logs"
-            / "tasks"
-            / f"dag_id={dag_id}"
-            / f"run_id={run_id}"
-            / f"task_id={task_id}"
-        )
+        stack's home (AIRFLOW__LOGGING__BASE_LOG_FOLDER, sparktune_dev.stack), one JSON object a line."""
+        tasks = self.config.state_dir / "logs" / "tasks"
+        folder = tasks / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
         return {path.name: path.read_text(errors="replace") for path in folder.glob("*.log")}
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 1500) -> dict[str, Any]:

@@ -189,7 +189,9 @@ def test_a_worker_killed_during_train_leaves_one_training_job_one_run_one_versio
     assert len(versions) == 1, versions
     # The failure callback of the killed try left the DAG active: a DAG marked stale is not
     # scheduled until its file's next parse (stack/conftest.py: the stale threshold).
-    processor_log = (stack.home / "stack" / "logs" / "dag-processor.log").read_text(errors="replace")
+    from sparktune_dev.stack import _log
+
+    processor_log = _log(stack.config, "dag-processor").read_text(errors="replace")
     stale = [line for line in processor_log.splitlines() if "Deactivating stale DAG" in line]
     assert not stale, stale
 
